@@ -1,0 +1,206 @@
+"""Django settings: the only module that reads the environment.
+
+Every key is listed, with its default, in `.env.example`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+# Lets admin.ModelAdmin[Job] and friends be subscripted at run time, as typed.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
+def _env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = _env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off.")
+    SECRET_KEY = "django-insecure-development-only-key"  # noqa: S105 - DEBUG only
+
+ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "capabilities",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "abpsite.urls"
+ASGI_APPLICATION = "abpsite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Database: SQLite (WAL, busy timeout, IMMEDIATE transactions) unless DATABASE_URL says
+# otherwise. Connections are kept open: Channels' database_sync_to_async closes
+# connections older than CONN_MAX_AGE around every call, and reopening SQLite (and
+# re-running its PRAGMAs) on each cancel would cost more than the cancel itself.
+DATABASES: dict[str, dict[str, Any]] = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+        conn_max_age=None,
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        # synchronous=NORMAL is safe in WAL mode (no corruption; a power cut may lose
+        # the last commits) and avoids an fsync on every settle.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "var" / "static"))
+MEDIA_ROOT = Path(os.environ.get("DJANGO_MEDIA_ROOT", BASE_DIR / "var" / "media"))
+MEDIA_URL = "media/"
+
+# Redis carries three things: the Celery broker, the channel layer (pub/sub) and the
+# abort flags. One URL by default; each can be pointed elsewhere.
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6399/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        # The pub/sub layer: no per-channel lists to poll, measured faster here for the
+        # worker -> consumer notes (see bench/channel_layers.py).
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [os.environ.get("CHANNEL_LAYER_REDIS_URL", REDIS_URL)]},
+    }
+}
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = _env_int("CELERY_WORKER_MAX_MEMORY_PER_CHILD", 400_000)
+CELERY_BEAT_SCHEDULE = {
+    "abp-reap": {
+        "task": "abp.reap",
+        "schedule": _env_float("ABP_REAPER_INTERVAL_SECONDS", 2.0),
+    },
+}
+
+# Everything the ABP engine reads, in one namespace (like REST_FRAMEWORK).
+ABP: dict[str, Any] = {
+    "APP_ID": os.environ.get("ABP_APP_ID", "abp-jobs"),
+    "APP_NAME": os.environ.get("ABP_APP_NAME", "ABP Jobs"),
+    "APP_VERSION": "0.1.0",
+    "APP_DESCRIPTION": "Cancellable PDF export and image processing for AI agents.",
+    # A text frame larger than this closes the socket with 1009.
+    "MAX_FRAME_BYTES": _env_int("ABP_MAX_FRAME_BYTES", 16 * 1024 * 1024),
+    # Binary results up to this size are inlined as base64 in the call-result.
+    "INLINE_RESULT_MAX_BYTES": _env_int("ABP_INLINE_RESULT_MAX_BYTES", 10 * 1024 * 1024),
+    # Abort flags: a key per job with a TTL longer than any job's life, plus a publish.
+    "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", "abp:abort:"),
+    "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", "abp:abort"),
+    "ABORT_TTL_SECONDS": _env_int("ABP_ABORT_TTL_SECONDS", 24 * 3600),
+    # A worker still on a cancelled job after this long is killed (SIGKILL).
+    "HARD_KILL_GRACE_SECONDS": _env_float("ABP_HARD_KILL_GRACE_SECONDS", 3.0),
+    # A call without options.timeout still ends after this long.
+    "DEFAULT_TIMEOUT_MS": _env_int("ABP_DEFAULT_TIMEOUT_MS", 10 * 60 * 1000),
+    "MAX_TIMEOUT_MS": _env_int("ABP_MAX_TIMEOUT_MS", 60 * 60 * 1000),
+    # Progress reaches the agent at once; the admin's copy in the DB at most this often.
+    "PROGRESS_DB_INTERVAL_SECONDS": _env_float("ABP_PROGRESS_DB_INTERVAL_SECONDS", 0.5),
+    # export.pdf
+    "MAX_HTML_BYTES": _env_int("ABP_MAX_HTML_BYTES", 5 * 1024 * 1024),
+    "MAX_PDF_PAGES": _env_int("ABP_MAX_PDF_PAGES", 500),
+    "URL_FETCH_ALLOWED_HOSTS": _env_list("ABP_URL_FETCH_ALLOWED_HOSTS"),
+    "URL_FETCH_TIMEOUT_SECONDS": _env_float("ABP_URL_FETCH_TIMEOUT_SECONDS", 5.0),
+    "URL_FETCH_MAX_BYTES": _env_int("ABP_URL_FETCH_MAX_BYTES", 5 * 1024 * 1024),
+    # Dotted paths of extra CapabilitySpec objects (test settings add a test-only one).
+    "EXTRA_CAPABILITIES": [],
+}
+
+LOG_LEVEL = os.environ.get("DJANGO_LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # WeasyPrint's progress logger is read by our own handler, not printed.
+        "weasyprint.progress": {"level": "INFO", "propagate": False, "handlers": []},
+        "weasyprint": {"level": "ERROR"},
+        "fontTools": {"level": "WARNING"},
+    },
+}

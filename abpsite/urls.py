@@ -1,0 +1,9 @@
+"""Root URLs."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("", include("capabilities.urls")),
+]

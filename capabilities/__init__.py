@@ -1,0 +1,1 @@
+"""ABP capabilities as cancellable Celery jobs."""

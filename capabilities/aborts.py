@@ -1,0 +1,212 @@
+"""Abort flags, and stopping a job's work in the worker when its flag goes up.
+
+The flag is a Redis key per job (`<prefix><job id>`, TTL longer than any job's life)
+plus a publish on one channel, so running workers hear it at once. A worker never
+polls Redis at checkpoints: a watcher thread subscribed to the channel sets an
+in-process flag, and raises `JobAborted` into the task's thread for code without
+checkpoints (the way Celery's SIGUSR1 soft time limit raises into a task).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import redis
+from django.conf import settings
+
+from capabilities.context import JobAborted
+
+logger = logging.getLogger(__name__)
+
+# How often the watcher raises again into a task that is still inside an
+# interruptible section (the first raise can land where it is caught and dropped).
+RERAISE_INTERVAL_SECONDS = 0.02
+
+
+@cache
+def _client() -> redis.Redis:
+    # redis-py's pool notices a fork and reconnects in the child.
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def abort_key(job_id: str) -> str:
+    """The Redis key of a job's abort flag."""
+    return f"{settings.ABP['ABORT_KEY_PREFIX']}{job_id}"
+
+
+def request_abort(job_id: str) -> None:
+    """Raise a job's abort flag and tell running workers, in one round trip."""
+    pipe = _client().pipeline(transaction=False)
+    pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
+    pipe.publish(settings.ABP["ABORT_CHANNEL"], job_id)
+    pipe.execute()
+
+
+def is_abort_requested(job_id: str) -> bool:
+    """Whether a job's abort flag is up (one Redis round trip: not for checkpoints)."""
+    return bool(_client().exists(abort_key(job_id)))
+
+
+class Interrupter:
+    """The job a worker process is running, and the means to stop it.
+
+    One per process: a prefork child runs one task at a time in its main thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._job_id: str | None = None
+        self._thread_id: int | None = None
+        self._interruptible = False
+        self._aborted = threading.Event()
+
+    @property
+    def current_job_id(self) -> str | None:
+        """The job being run, if any."""
+        return self._job_id
+
+    def begin(self, job_id: str) -> None:
+        """Register the job this thread is about to run (before checking its flag)."""
+        with self._lock:
+            self._job_id = job_id
+            self._thread_id = threading.get_ident()
+            self._aborted.clear()
+
+    def end(self) -> None:
+        """Forget the job; later aborts for it do nothing here."""
+        with self._lock:
+            self._job_id = None
+            self._thread_id = None
+            self._interruptible = False
+            self._aborted.clear()
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the current job was aborted."""
+        return self._aborted.is_set()
+
+    def checkpoint(self) -> None:
+        """Raise JobAborted if the current job was aborted: no I/O."""
+        if self._aborted.is_set():
+            raise JobAborted()
+
+    def abort(self, job_id: str) -> bool:
+        """Abort `job_id` if it is the one running here; True if it was."""
+        with self._lock:
+            if job_id != self._job_id:
+                return False
+            self._aborted.set()
+            self._raise_locked()
+            return True
+
+    def poke(self) -> None:
+        """Raise again into a job that was aborted and is still inside its work."""
+        with self._lock:
+            if self._aborted.is_set():
+                self._raise_locked()
+
+    def _raise_locked(self) -> None:
+        if self._interruptible and self._thread_id is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._thread_id), ctypes.py_object(JobAborted)
+            )
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Mark the runner's work: JobAborted may be raised into it at any bytecode."""
+        self._set_interruptible(True)
+        try:
+            self.checkpoint()
+            yield
+        finally:
+            self._set_interruptible(False)
+
+    @contextmanager
+    def shielded(self) -> Iterator[None]:
+        """Hold off raising while the job's own bookkeeping (DB, storage) runs."""
+        was = self._interruptible
+        self._set_interruptible(False)
+        try:
+            yield
+        finally:
+            self._set_interruptible(was)
+        if was:
+            self.checkpoint()
+
+    def _set_interruptible(self, value: bool) -> None:
+        with self._lock:
+            self._interruptible = value
+            if not value and self._thread_id is not None:
+                # Drop an exception raised but not yet delivered: it must not fire
+                # outside the work it was meant to stop.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread_id), None
+                )
+
+
+INTERRUPTER = Interrupter()
+
+
+class AbortWatcher(threading.Thread):
+    """Listens on the abort channel and stops the job running in this process."""
+
+    def __init__(self, interrupter: Interrupter) -> None:
+        super().__init__(name="abp-abort-watcher", daemon=True)
+        self._interrupter = interrupter
+        self._stopping = threading.Event()
+        self.subscribed = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the thread to end (tests)."""
+        self._stopping.set()
+
+    def run(self) -> None:
+        channel = settings.ABP["ABORT_CHANNEL"]
+        while not self._stopping.is_set():
+            try:
+                self._listen(channel)
+            except redis.RedisError:
+                logger.warning("Abort watcher lost Redis; reconnecting", exc_info=True)
+                self.subscribed.clear()
+                self._stopping.wait(0.5)
+
+    def _listen(self, channel: str) -> None:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(channel)
+            self.subscribed.set()
+            # A flag raised while we were not subscribed was not heard: look at it.
+            self._recheck()
+            while not self._stopping.is_set():
+                message = pubsub.get_message(timeout=RERAISE_INTERVAL_SECONDS)
+                if message is not None and message.get("type") == "message":
+                    job_id = message["data"].decode()
+                    if self._interrupter.abort(job_id):
+                        logger.info("Abort heard for running job %s", job_id)
+                self._interrupter.poke()
+        finally:
+            pubsub.close()
+            client.close()
+
+    def _recheck(self) -> None:
+        job_id = self._interrupter.current_job_id
+        if job_id is not None and is_abort_requested(job_id):
+            self._interrupter.abort(job_id)
+
+
+_watcher: AbortWatcher | None = None
+
+
+def start_watcher() -> AbortWatcher:
+    """Start this process's watcher once (called in each worker child after fork)."""
+    global _watcher  # noqa: PLW0603 - one watcher per process
+    if _watcher is None or not _watcher.is_alive():
+        _watcher = AbortWatcher(INTERRUPTER)
+        _watcher.start()
+    return _watcher

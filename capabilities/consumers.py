@@ -1,0 +1,309 @@
+"""The WebSocket consumer at /abp/ws: decodes frames, performs the session's actions.
+
+Frames and channel-layer notes are handled one at a time (Channels dispatches them
+in order); timers take the same lock, so the session table never sees interleaved
+updates. ORM work goes through database_sync_to_async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from capabilities import jobs, registry, replies, session_store
+from capabilities.jobs import CallIdInUse
+from capabilities.models import CancelSource, session_group
+from capabilities.protocol import ErrorCode, ProtocolError, WireError, decode
+from capabilities.results import cancelled_response
+from capabilities.session import (
+    Action,
+    CancelCall,
+    Close,
+    EndCalls,
+    InFlight,
+    OpenSession,
+    Send,
+    Session,
+    StartCall,
+)
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TOO_BIG = 1009
+
+
+def app_info() -> dict[str, str]:
+    """The `app` object of initialize-result and the manifest."""
+    abp = settings.ABP
+    return {
+        "id": abp["APP_ID"],
+        "name": abp["APP_NAME"],
+        "version": abp["APP_VERSION"],
+        "description": abp["APP_DESCRIPTION"],
+    }
+
+
+def _capability_names() -> list[str]:
+    return [spec.name for spec in registry.all_specs()]
+
+
+class ABPConsumer(AsyncWebsocketConsumer):
+    """One agent connection speaking the ABP envelope."""
+
+    async def connect(self) -> None:
+        self.session = Session(capability_names=_capability_names, app=app_info())
+        self.serial = asyncio.Lock()
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.started: dict[str, float] = {}
+        self.group: str | None = None
+        self.max_frame = settings.ABP["MAX_FRAME_BYTES"]
+        await self.accept()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        frame: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        if len(frame) > self.max_frame or (
+            isinstance(frame, str) and len(frame.encode("utf-8")) > self.max_frame
+        ):
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        try:
+            message: Any = decode(frame)
+        except ProtocolError as error:
+            message = error
+        async with self.serial:
+            await self.perform(self.session.receive(message))
+
+    async def disconnect(self, code: int) -> None:
+        async with self.serial:
+            await self.perform(self.session.disconnected(), connected=False)
+            for timer in self.timers.values():
+                timer.cancel()
+            self.timers.clear()
+            if self.group is not None:
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+                await database_sync_to_async(session_store.close_session)(
+                    self.session.session_id, f"disconnected ({code})"
+                )
+
+    # -- actions ----------------------------------------------------------------------
+
+    async def perform(self, actions: list[Action], *, connected: bool = True) -> None:
+        """Carry out the session's actions in order."""
+        for action in actions:
+            if isinstance(action, Send):
+                await self.send(text_data=action.text)
+            elif isinstance(action, OpenSession):
+                await self.open_session(action)
+            elif isinstance(action, StartCall):
+                await self.start_call(action)
+            elif isinstance(action, CancelCall):
+                await self.cancel_call(action)
+            elif isinstance(action, EndCalls):
+                await self.end_calls(action, connected=connected)
+            elif isinstance(action, Close):
+                await self.close(code=action.code)
+
+    async def open_session(self, action: OpenSession) -> None:
+        origin = dict(self.scope.get("headers", [])).get(b"origin", b"").decode("latin-1")
+        await database_sync_to_async(session_store.open_session)(
+            action.session_id, action.message, origin=origin
+        )
+        self.group = session_group(action.session_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+
+    async def start_call(self, action: StartCall) -> None:
+        spec = registry.get(action.capability)
+        assert spec is not None  # the session checked the name
+        error = spec.validate(action.params)
+        if error is not None:
+            await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
+            return
+        try:
+            job = await database_sync_to_async(jobs.create_job)(
+                session_id=self.session.session_id,
+                call_id=action.call_id,
+                request_id=action.request_id,
+                capability=action.capability,
+                params=action.params,
+                timeout_ms=action.timeout_ms,
+                progress_token=action.progress_token,
+            )
+        except CallIdInUse:
+            error = WireError(
+                code=ErrorCode.INVALID_PARAMS,
+                message=f"callId {action.call_id!r} was already used in this session.",
+                details={"path": "payload.options.callId"},
+            )
+            await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
+            return
+        self.session.call_started(
+            call_id=action.call_id,
+            request_id=action.request_id,
+            job_id=str(job.id),
+            progress_token=action.progress_token,
+        )
+        self.started[action.call_id] = time.monotonic()
+        assert job.deadline is not None
+        delay = max(0.0, (job.deadline - job.created_at).total_seconds())
+        self.timers[action.call_id] = asyncio.get_running_loop().call_later(
+            delay, lambda: asyncio.ensure_future(self.on_timeout(action.call_id))
+        )
+
+    async def cancel_call(self, action: CancelCall) -> None:
+        call = self.session.in_flight(action.call_id)
+        if call is None:
+            await self.answer_cancel_of_unknown(action)
+            return
+        won = await database_sync_to_async(jobs.cancel)(
+            call.job_id, source=CancelSource.AGENT, reason=action.reason
+        )
+        if won:
+            await self.send(
+                text_data=replies.cancel_result(action.request_id, action.call_id, cancelled=True)
+            )
+            await self.answer_cancelled(call, CancelSource.AGENT)
+            return
+        # Settled first by the worker, a timeout or an operator: deliver that outcome.
+        response = await database_sync_to_async(session_store.settled_response)(call.job_id)
+        was_cancelled = bool(response and response.get("cancelled"))
+        await self.send(
+            text_data=replies.cancel_result(
+                action.request_id,
+                action.call_id,
+                cancelled=was_cancelled,
+                reason=None if was_cancelled else replies.ALREADY_COMPLETED,
+            )
+        )
+        await self.deliver(action.call_id, response)
+
+    async def answer_cancel_of_unknown(self, action: CancelCall) -> None:
+        if self.session.session_id is None:
+            return
+        job = await database_sync_to_async(jobs.find_call)(self.session.session_id, action.call_id)
+        if job is None:
+            cancelled, reason = False, replies.NOT_FOUND
+        elif job.status == "cancelled":
+            cancelled, reason = True, None
+        else:
+            cancelled, reason = False, replies.ALREADY_COMPLETED
+        await self.send(
+            text_data=replies.cancel_result(
+                action.request_id, action.call_id, cancelled=cancelled, reason=reason
+            )
+        )
+
+    async def end_calls(self, action: EndCalls, *, connected: bool) -> None:
+        calls = self.session.in_flight_calls()
+        if not calls:
+            return
+        source = CancelSource(action.source)
+        won = await database_sync_to_async(session_store.cancel_calls)(
+            [call.job_id for call in calls], source, action.reason
+        )
+        for call in calls:
+            if won[call.job_id]:
+                if connected:
+                    await self.answer_cancelled(call, source)
+                else:
+                    self.forget(call.call_id)
+            elif connected:
+                await self.deliver(call.call_id)
+        if not connected:
+            asyncio.ensure_future(
+                database_sync_to_async(session_store.after_cancel)(
+                    [c.job_id for c in calls if won[c.job_id]], False
+                )
+            )
+
+    async def answer_cancelled(self, call: InFlight, source: CancelSource) -> None:
+        """Send the cancelled call-result of a call whose cancel this consumer won."""
+        if self.session.finish(call.call_id) is None:
+            return
+        outcome = jobs.Outcome.cancelled(source)
+        assert outcome.error is not None
+        started = self.started.pop(call.call_id, time.monotonic())
+        duration = int((time.monotonic() - started) * 1000)
+        await self.send(
+            text_data=replies.call_result(
+                call.request_id, cancelled_response(call.call_id, outcome.error, duration)
+            )
+        )
+        self.forget(call.call_id)
+        await self.notify_completed(call.call_id)
+        asyncio.ensure_future(
+            database_sync_to_async(session_store.after_cancel)([call.job_id], True)
+        )
+
+    async def on_timeout(self, call_id: str) -> None:
+        async with self.serial:
+            call = self.session.in_flight(call_id)
+            if call is None:
+                return
+            won = await database_sync_to_async(jobs.cancel)(
+                call.job_id, source=CancelSource.TIMEOUT, reason="options.timeout"
+            )
+            if won:
+                await self.answer_cancelled(call, CancelSource.TIMEOUT)
+            else:
+                await self.deliver(call_id)
+
+    async def deliver(self, call_id: str, response: dict[str, Any] | None = None) -> None:
+        """Send a settled call's result, once."""
+        call = self.session.in_flight(call_id)
+        if call is None:
+            return  # answered already: a late note
+        if response is None:
+            response = await database_sync_to_async(session_store.settled_response)(call.job_id)
+        if response is None or self.session.finish(call_id) is None:
+            return
+        await self.send(text_data=replies.call_result(call.request_id, response))
+        self.forget(call_id)
+        await self.notify_completed(call_id)
+        asyncio.ensure_future(database_sync_to_async(jobs.mark_delivered)(call.job_id))
+
+    def forget(self, call_id: str) -> None:
+        timer = self.timers.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+        self.started.pop(call_id, None)
+
+    async def notify_completed(self, call_id: str) -> None:
+        if self.session.features.notifications:
+            await self.send(
+                text_data=replies.notification(
+                    "notifications/operation/completed", {"operationId": call_id}
+                )
+            )
+
+    # -- notes from workers, the reaper and the admin (channel layer) -------------------
+
+    async def job_started(self, event: dict[str, Any]) -> None:
+        if self.session.features.notifications and self.session.in_flight(event["call_id"]):
+            await self.send(
+                text_data=replies.notification(
+                    "notifications/operation/started", {"operationId": event["call_id"]}
+                )
+            )
+
+    async def job_progress(self, event: dict[str, Any]) -> None:
+        call = self.session.in_flight(event["call_id"])
+        if call is None or call.progress_token is None:
+            return
+        await self.send(
+            text_data=replies.progress(
+                call.progress_token,
+                progress=event["progress"],
+                total=event["total"],
+                stage=event["stage"],
+            )
+        )
+
+    async def job_settled(self, event: dict[str, Any]) -> None:
+        async with self.serial:
+            await self.deliver(event["call_id"])

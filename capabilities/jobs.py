@@ -1,0 +1,213 @@
+"""Create, start, settle, cancel and deliver jobs: the one place outcomes change.
+
+A job's outcome is written by one conditional update
+(`UPDATE ... WHERE id = ? AND status IN (queued, running)`); the row count says who
+won. Worker success and failure, agent cancels, timeouts, shutdowns, disconnects,
+the reaper and the admin all settle through `settle`. A loser does nothing visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
+
+from capabilities import aborts
+from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
+from capabilities.protocol import ErrorCode, WireError
+
+logger = logging.getLogger(__name__)
+
+
+class CallIdInUse(Exception):
+    """The session already has a job with this callId."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How a job ended: what `settle` writes."""
+
+    status: JobStatus
+    result: dict[str, Any] | None = None
+    error: WireError | None = None
+    traceback: str = ""
+    cancel_source: CancelSource | None = None
+    cancel_reason: str = ""
+
+    @classmethod
+    def succeeded(cls, data: dict[str, Any]) -> Outcome:
+        """A result."""
+        return cls(status=JobStatus.SUCCEEDED, result=data)
+
+    @classmethod
+    def failed(cls, error: WireError, *, traceback: str = "") -> Outcome:
+        """An error; the traceback stays in the DB, never goes on the wire."""
+        return cls(status=JobStatus.FAILED, error=error, traceback=traceback)
+
+    @classmethod
+    def cancelled(cls, source: CancelSource, reason: str = "") -> Outcome:
+        """A cancel; a timeout carries TIMEOUT, every other source CANCELLED."""
+        if source == CancelSource.TIMEOUT:
+            error = WireError(code=ErrorCode.TIMEOUT, message="The call timed out.")
+        else:
+            error = WireError(
+                code=ErrorCode.CANCELLED,
+                message=f"The call was cancelled ({source.label.lower()}).",
+                retryable=False,
+            )
+        return cls(
+            status=JobStatus.CANCELLED,
+            error=error,
+            cancel_source=source,
+            cancel_reason=reason[:500],
+        )
+
+
+def create_job(
+    *,
+    session_id: str,
+    call_id: str,
+    request_id: str,
+    capability: str,
+    params: dict[str, Any],
+    timeout_ms: int | None,
+    progress_token: str | int | None,
+) -> Job:
+    """Record a call and enqueue its task once the row is committed."""
+    timeout_ms = min(
+        timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
+    )
+    now = timezone.now()
+    job = Job(
+        id=uuid.uuid4(),
+        session_id=session_id,
+        call_id=call_id,
+        request_id=request_id,
+        capability=capability,
+        params=params,
+        progress_token=progress_token,
+        created_at=now,
+        deadline=now + timedelta(milliseconds=timeout_ms),
+    )
+    try:
+        with transaction.atomic():
+            job.save(force_insert=True)
+            transaction.on_commit(lambda: _enqueue(job))
+    except IntegrityError as exc:
+        raise CallIdInUse(call_id) from exc
+    return job
+
+
+def _enqueue(job: Job) -> None:
+    from capabilities.tasks import run_job  # tasks import jobs
+
+    assert job.deadline is not None
+    remaining = max((job.deadline - timezone.now()).total_seconds(), 0.001)
+    grace = settings.ABP["HARD_KILL_GRACE_SECONDS"]
+    run_job.apply_async(
+        args=(str(job.id),),
+        task_id=str(job.id),
+        # Backstops behind the consumer's timer and the reaper: a queued task past its
+        # deadline is dropped by the worker, a running one gets the soft limit raised.
+        expires=job.deadline,
+        soft_time_limit=remaining,
+        time_limit=remaining + grace,
+    )
+
+
+def settle(job_id: uuid.UUID | str, outcome: Outcome) -> bool:
+    """Write an outcome if the job is still active; True if this call decided it."""
+    now = timezone.now()
+    error = outcome.error
+    updated = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).update(
+        status=outcome.status,
+        settled_at=now,
+        result=outcome.result,
+        error_code=error.code if error else "",
+        error_message=error.message if error else "",
+        error_retryable=bool(error and error.to_json()["retryable"]),
+        error_details=error.details if error else None,
+        error_traceback=outcome.traceback,
+        cancel_source=outcome.cancel_source or "",
+        cancel_reason=outcome.cancel_reason,
+        # Work that never started stopped when it was settled.
+        stopped_at=Case(When(status=JobStatus.QUEUED, then=Value(now)), default=F("stopped_at")),
+    )
+    if not updated:
+        logger.debug("Outcome %s for job %s dropped: already settled", outcome.status, job_id)
+    return updated == 1
+
+
+def mark_running(job_id: str, worker: str) -> bool:
+    """Queued -> running; False if the job was settled or is already running elsewhere."""
+    return (
+        Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).update(
+            status=JobStatus.RUNNING, started_at=timezone.now(), worker=worker[:200]
+        )
+        == 1
+    )
+
+
+def record_stopped(job_id: str, *, hard_killed: bool = False) -> None:
+    """Record when the work really stopped (first report wins)."""
+    fields: dict[str, Any] = {"stopped_at": timezone.now()}
+    if hard_killed:
+        fields["hard_killed"] = True
+    Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(**fields)
+
+
+def mark_delivered(job_id: uuid.UUID | str) -> None:
+    """Record that the agent was sent the call-result."""
+    Job.objects.filter(pk=job_id, delivered_at__isnull=True).update(delivered_at=timezone.now())
+
+
+def cancel(
+    job_id: uuid.UUID | str, *, source: CancelSource, reason: str = ""
+) -> bool:
+    """Settle as cancelled and raise the abort flag; True if the cancel won.
+
+    The caller tells the agent, then calls `revoke`: the flag alone already keeps a
+    queued task from starting and stops a running one.
+    """
+    won = settle(job_id, Outcome.cancelled(source, reason))
+    if won:
+        aborts.request_abort(str(job_id))
+    return won
+
+
+def revoke(job_id: uuid.UUID | str, *, kill: bool = False) -> None:
+    """Tell workers to skip the task, or (kill) to SIGKILL the process running it."""
+    from abpsite.celery import app
+
+    if kill:
+        app.control.revoke(str(job_id), terminate=True, signal="SIGKILL")
+    else:
+        app.control.revoke(str(job_id))
+
+
+def find_call(session_id: uuid.UUID | str, call_id: str) -> Job | None:
+    """A session's job by callId; never another session's."""
+    return Job.objects.filter(session_id=session_id, call_id=call_id).first()
+
+
+def cancel_and_notify(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:
+    """Cancel for someone other than the session's consumer (a timeout, an operator).
+
+    The session's consumer hears of it through the channel layer and sends the
+    agent its cancelled call-result.
+    """
+    from capabilities.notifier import notify  # the notifier starts a thread: load lazily
+
+    job = Job.objects.filter(pk=job_id).only("session_id", "call_id").first()
+    if job is None or not cancel(job_id, source=source, reason=reason):
+        return False
+    notify(str(job.session_id), {"type": "job.settled", "call_id": job.call_id}, wait=2.0)
+    revoke(job_id)
+    return True

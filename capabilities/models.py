@@ -1,0 +1,133 @@
+"""Sessions and jobs: the durable record of every call.
+
+State changes go through `capabilities.jobs`; nothing else updates a job's status.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+class JobStatus(models.TextChoices):
+    """Where a job is in its life. Only QUEUED and RUNNING can still change."""
+
+    QUEUED = "queued", "Queued"
+    """Created and enqueued; no worker has started it."""
+    RUNNING = "running", "Running"
+    """A worker marked it started and is doing the work."""
+    SUCCEEDED = "succeeded", "Succeeded"
+    """Settled with a result."""
+    FAILED = "failed", "Failed"
+    """Settled with an error (bad input found during work, a crash, a lost worker)."""
+    CANCELLED = "cancelled", "Cancelled"
+    """Settled as cancelled: by the agent, a timeout, a shutdown, a disconnect or an operator."""
+
+
+ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+class CancelSource(models.TextChoices):
+    """Who or what cancelled a job."""
+
+    AGENT = "agent", "Agent"
+    """The agent sent capabilities/cancel."""
+    TIMEOUT = "timeout", "Timeout"
+    """options.timeout ran out."""
+    SHUTDOWN = "shutdown", "Shutdown"
+    """The agent sent shutdown with the call in flight."""
+    DISCONNECT = "disconnect", "Disconnect"
+    """The agent's connection dropped with the call in flight."""
+    OPERATOR = "operator", "Operator"
+    """An operator cancelled it in the admin."""
+
+
+class AgentSession(models.Model):
+    """One ABP session: created by initialize, ended by shutdown or disconnect."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent_name = models.CharField(max_length=200, blank=True)
+    agent_version = models.CharField(max_length=100, blank=True)
+    protocol_version = models.CharField(max_length=20, blank=True)
+    features = models.JSONField(default=dict, blank=True)
+    origin = models.CharField(max_length=300, blank=True)
+    connected_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    close_reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ("-connected_at",)
+        indexes = (models.Index(fields=("-connected_at",), name="session_connected_idx"),)
+
+    def __str__(self) -> str:
+        return f"{self.agent_name or 'agent'} {self.id}"
+
+    @property
+    def group_name(self) -> str:
+        """The channel-layer group its consumer listens on."""
+        return session_group(self.id)
+
+
+def session_group(session_id: uuid.UUID | str) -> str:
+    """Channel-layer group name of a session (letters, digits, dots only)."""
+    return f"abp.session.{uuid.UUID(str(session_id)).hex}"
+
+
+class Job(models.Model):
+    """One capability call, run as one Celery task whose id is the job's id."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="jobs")
+    call_id = models.CharField(max_length=200)
+    request_id = models.CharField(max_length=200, blank=True)
+    capability = models.CharField(max_length=100)
+    params = models.JSONField(default=dict)
+    progress_token = models.JSONField(null=True, blank=True)
+
+    status = models.CharField(
+        max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED
+    )
+    progress = models.FloatField(null=True, blank=True)
+    progress_total = models.FloatField(null=True, blank=True)
+    stage = models.CharField(max_length=100, blank=True)
+
+    result = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=50, blank=True)
+    error_message = models.TextField(blank=True)
+    error_retryable = models.BooleanField(default=False)
+    error_details = models.JSONField(null=True, blank=True)
+    error_traceback = models.TextField(blank=True)
+    cancel_source = models.CharField(max_length=10, choices=CancelSource.choices, blank=True)
+    cancel_reason = models.CharField(max_length=500, blank=True)
+
+    deadline = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    hard_killed = models.BooleanField(default=False)
+    worker = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+        constraints = (
+            models.UniqueConstraint(fields=("session", "call_id"), name="job_call_id_per_session"),
+        )
+        indexes = (
+            # The reaper: active jobs past their deadline.
+            models.Index(fields=("status", "deadline"), name="job_status_deadline_idx"),
+            # The reaper: cancelled jobs whose worker has not stopped yet.
+            models.Index(fields=("status", "stopped_at"), name="job_status_stopped_idx"),
+            models.Index(fields=("-created_at",), name="job_created_idx"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.capability} {self.call_id}"
+
+    @property
+    def is_active(self) -> bool:
+        """Still queued or running: its outcome is not decided yet."""
+        return self.status in ACTIVE_STATUSES

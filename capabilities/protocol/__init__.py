@@ -1,0 +1,42 @@
+"""The ABP wire format: text in, typed messages or a coded ProtocolError out, and back.
+
+Standard library only: no Django, no I/O. See ../shared/PROTOCOL.md.
+"""
+
+from capabilities.protocol.codec import decode, encode, now_ms
+from capabilities.protocol.errors import ErrorCode, ProtocolError, WireError
+from capabilities.protocol.messages import (
+    PROTOCOL_VERSION,
+    AgentInfo,
+    CallOptions,
+    CallRequest,
+    CancelRequest,
+    ElicitationResponse,
+    Features,
+    Initialize,
+    Message,
+    MessageType,
+    ResumeRequest,
+    Shutdown,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "AgentInfo",
+    "CallOptions",
+    "CallRequest",
+    "CancelRequest",
+    "ElicitationResponse",
+    "ErrorCode",
+    "Features",
+    "Initialize",
+    "Message",
+    "MessageType",
+    "ProtocolError",
+    "ResumeRequest",
+    "Shutdown",
+    "WireError",
+    "decode",
+    "encode",
+    "now_ms",
+]

@@ -1,0 +1,82 @@
+"""Turn a settled job into the ABPResponse of its call-result.
+
+Runners store binary output in Django's storage and put a `{"$file": name, ...}`
+reference in their data; here it becomes inline base64 (BinaryData).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from django.core.files.storage import default_storage
+
+from capabilities.models import Job, JobStatus
+from capabilities.protocol import WireError
+
+FILE_REF_KEY = "$file"
+
+
+def call_response(job: Job) -> dict[str, Any]:
+    """The ABPResponse for a settled job."""
+    response: dict[str, Any] = {
+        "callId": job.call_id,
+        "success": job.status == JobStatus.SUCCEEDED,
+        "metadata": {"duration": duration_ms(job)},
+    }
+    if job.status == JobStatus.SUCCEEDED:
+        response["data"] = materialize(job.result or {})
+        return response
+    response["error"] = job_error(job).to_json()
+    if job.status == JobStatus.CANCELLED:
+        response["cancelled"] = True
+    return response
+
+
+def cancelled_response(call_id: str, error: WireError, duration: int) -> dict[str, Any]:
+    """The ABPResponse of a call the consumer itself just cancelled (no DB read)."""
+    return {
+        "callId": call_id,
+        "success": False,
+        "cancelled": True,
+        "error": error.to_json(),
+        "metadata": {"duration": duration},
+    }
+
+
+def job_error(job: Job) -> WireError:
+    """The wire error recorded on a job."""
+    return WireError(
+        code=job.error_code,
+        message=job.error_message,
+        retryable=job.error_retryable,
+        details=job.error_details or None,
+    )
+
+
+def duration_ms(job: Job) -> int:
+    """Milliseconds from the call to its outcome."""
+    if job.settled_at is None:
+        return 0
+    return max(0, int((job.settled_at - job.created_at).total_seconds() * 1000))
+
+
+def materialize(data: dict[str, Any]) -> dict[str, Any]:
+    """Replace file references one level inside `data` with inline BinaryData."""
+    return {key: _binary(value) if _is_file_ref(value) else value for key, value in data.items()}
+
+
+def _is_file_ref(value: Any) -> bool:
+    return isinstance(value, dict) and FILE_REF_KEY in value
+
+
+def _binary(ref: dict[str, Any]) -> dict[str, Any]:
+    with default_storage.open(ref[FILE_REF_KEY], "rb") as handle:
+        content = handle.read()
+    return {
+        "content": base64.b64encode(content).decode("ascii"),
+        "mimeType": ref["mimeType"],
+        "encoding": "base64",
+        "size": len(content),
+        "filename": ref["filename"],
+    }

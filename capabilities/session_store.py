@@ -1,0 +1,55 @@
+"""The durable side of a session: its row, and reading what its calls produced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from capabilities import jobs, results
+from capabilities.models import AgentSession, CancelSource, Job
+from capabilities.protocol import Initialize
+
+
+def open_session(session_id: str, message: Initialize, *, origin: str) -> None:
+    """Record a new session."""
+    AgentSession.objects.create(
+        id=session_id,
+        agent_name=message.agent.name[:200],
+        agent_version=message.agent.version[:100],
+        protocol_version=message.protocol_version[:20],
+        features={
+            "notifications": message.features.notifications,
+            "progress": message.features.progress,
+            "elicitation": message.features.elicitation,
+        },
+        origin=origin[:300],
+    )
+
+
+def close_session(session_id: str, reason: str) -> None:
+    """Record that the session ended."""
+    AgentSession.objects.filter(pk=session_id, closed_at__isnull=True).update(
+        closed_at=timezone.now(), close_reason=reason[:300]
+    )
+
+
+def settled_response(job_id: str) -> dict[str, Any] | None:
+    """The call-result of a settled job, or None if it is still active."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or job.is_active:
+        return None
+    return results.call_response(job)
+
+
+def cancel_calls(job_ids: list[str], source: CancelSource, reason: str) -> dict[str, bool]:
+    """Cancel several jobs (shutdown, disconnect); which cancels won."""
+    return {job_id: jobs.cancel(job_id, source=source, reason=reason) for job_id in job_ids}
+
+
+def after_cancel(job_ids: list[str], delivered: bool) -> None:
+    """Off the reply path: revoke the tasks and record delivery."""
+    for job_id in job_ids:
+        jobs.revoke(job_id)
+        if delivered:
+            jobs.mark_delivered(job_id)

@@ -1,0 +1,47 @@
+"""Celery tasks: thin interfaces that take an id and call the service that does the work."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import shared_task
+from celery.signals import task_revoked, worker_process_init
+
+from capabilities import aborts, jobs, reaper, worker
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="abp.run_job", bind=True, ignore_result=True, acks_late=True)
+def run_job(self: Any, job_id: str) -> None:
+    """Run one job (the task id is the job id)."""
+    worker.execute(job_id, worker_name=f"{self.request.hostname}:{os.getpid()}")
+
+
+@shared_task(name="abp.reap", ignore_result=True)
+def reap() -> None:
+    """End what nobody else ended: overdue jobs, workers that ignore a cancel."""
+    reaper.reap()
+
+
+@worker_process_init.connect
+def _start_abort_watcher(**_: Any) -> None:
+    # Each prefork child listens for aborts of the job it runs.
+    aborts.start_watcher()
+
+
+@task_revoked.connect
+def _on_revoked(
+    request: Any = None, terminated: bool = False, expired: bool = False, **_: Any
+) -> None:
+    # Runs in the worker's main process.
+    if request is None or getattr(request, "task", None) != run_job.name:
+        return
+    job_id = str(request.id)
+    if terminated:
+        jobs.record_stopped(job_id, hard_killed=True)
+        logger.warning("Job %s hard-killed after ignoring its cancel", job_id)
+    elif expired:
+        reaper.end_overdue(job_id)

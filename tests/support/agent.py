@@ -1,0 +1,135 @@
+"""A minimal ABP agent over a real WebSocket, for the integration tests."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from websockets.sync.client import ClientConnection, connect
+
+Envelope = dict[str, Any]
+
+
+class Agent:
+    """Sends envelopes, keeps every message received, waits for the ones asked for."""
+
+    def __init__(self, url: str, **connect_kwargs: Any) -> None:
+        self.ws: ClientConnection = connect(url, max_size=None, legacy=True, **connect_kwargs)
+        self.inbox: list[Envelope] = []
+        self._ids = itertools.count(1)
+        self.session_id: str | None = None
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.ws.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next_id(self) -> str:
+        """A fresh envelope id."""
+        return f"m{next(self._ids)}"
+
+    def send(self, message_type: str, payload: dict[str, Any], message_id: str | None = None) -> str:
+        """Send one envelope; returns its id."""
+        message_id = message_id or self.next_id()
+        envelope = {
+            "type": message_type,
+            "id": message_id,
+            "timestamp": int(time.time() * 1000),
+            "payload": payload,
+        }
+        self.ws.send(json.dumps(envelope))
+        return message_id
+
+    def send_raw(self, text: str | bytes) -> None:
+        """Send a frame as is."""
+        self.ws.send(text)
+
+    def receive(self, timeout: float = 10.0) -> Envelope:
+        """The next message (kept in the inbox too)."""
+        envelope: Envelope = json.loads(self.ws.recv(timeout=timeout))
+        self.inbox.append(envelope)
+        return envelope
+
+    def wait_for(self, predicate: Callable[[Envelope], bool], timeout: float = 10.0) -> Envelope:
+        """The first message, already received or still to come, that matches."""
+        for envelope in self.inbox:
+            if predicate(envelope) and not envelope.get("_taken"):
+                envelope["_taken"] = True
+                return envelope
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no matching message in {timeout}s; inbox: {self.inbox[-10:]}")
+            envelope = self.receive(remaining)
+            if predicate(envelope):
+                envelope["_taken"] = True
+                return envelope
+
+    def reply_to(self, message_id: str, message_type: str, timeout: float = 10.0) -> Envelope:
+        """The reply of a type to a request id."""
+        return self.wait_for(
+            lambda e: e["type"] == message_type and e["id"] == message_id, timeout
+        )
+
+    def initialize(self, *, notifications: bool = False, name: str = "test-agent") -> Envelope:
+        """initialize, and wait for initialize-result."""
+        message_id = self.send(
+            "initialize",
+            {
+                "agent": {"name": name, "version": "1.0"},
+                "protocolVersion": "0.1",
+                "features": {"notifications": notifications, "progress": True},
+            },
+        )
+        reply = self.reply_to(message_id, "initialize-result")
+        self.session_id = reply["payload"].get("sessionId")
+        return reply
+
+    def call(
+        self,
+        capability: str,
+        params: dict[str, Any],
+        *,
+        call_id: str | None = None,
+        timeout_ms: int | None = None,
+        progress_token: str | None = None,
+    ) -> str:
+        """Send capabilities/call; returns the envelope id (the call-result echoes it)."""
+        options: dict[str, Any] = {}
+        if call_id is not None:
+            options["callId"] = call_id
+        if timeout_ms is not None:
+            options["timeout"] = timeout_ms
+        if progress_token is not None:
+            options["progressToken"] = progress_token
+        return self.send(
+            "capabilities/call", {"capability": capability, "params": params, "options": options}
+        )
+
+    def cancel(self, call_id: str, reason: str | None = None) -> str:
+        """Send capabilities/cancel; returns the envelope id."""
+        payload: dict[str, Any] = {"callId": call_id}
+        if reason is not None:
+            payload["reason"] = reason
+        return self.send("capabilities/cancel", payload)
+
+    def result_of(self, call_message_id: str, timeout: float = 20.0) -> Envelope:
+        """The call-result of a call."""
+        return self.reply_to(call_message_id, "capabilities/call-result", timeout)
+
+    def results_for_call(self, call_id: str) -> list[Envelope]:
+        """Every call-result received for a callId (exactly one is expected)."""
+        return [
+            e
+            for e in self.inbox
+            if e["type"] == "capabilities/call-result" and e["payload"].get("callId") == call_id
+        ]

