@@ -12,6 +12,29 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - after
 from capabilities.routing import websocket_urlpatterns  # noqa: E402
 from capabilities.security import browser_origin_validator  # noqa: E402
 
+
+
+def _close_oversized_frames_with_1009() -> None:
+    """Make Daphne answer a frame over its size limit with close code 1009.
+
+    Daphne enforces `--websocket-max-message-size` through autobahn, whose factory
+    defaults to `failByDrop`: the TCP connection is dropped without a close frame.
+    Autobahn also refuses 1009 from application code, so this option is the only
+    way the agent learns why it was disconnected, as PROTOCOL.md promises.
+    """
+    from daphne.ws_protocol import WebSocketFactory
+
+    reset = WebSocketFactory.resetProtocolOptions
+
+    def reset_without_drop(self: WebSocketFactory) -> None:
+        reset(self)
+        self.failByDrop = False
+
+    WebSocketFactory.resetProtocolOptions = reset_without_drop
+
+
+_close_oversized_frames_with_1009()
+
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,

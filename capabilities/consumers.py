@@ -35,8 +35,6 @@ from capabilities.session import (
 
 logger = logging.getLogger(__name__)
 
-CLOSE_TOO_BIG = 1009
-
 
 def app_info() -> dict[str, str]:
     """The `app` object of initialize-result and the manifest."""
@@ -62,16 +60,11 @@ class ABPConsumer(AsyncWebsocketConsumer):
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.started: dict[str, float] = {}
         self.group: str | None = None
-        self.max_frame = settings.ABP["MAX_FRAME_BYTES"]
         await self.accept()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
         frame: str | bytes = text_data if text_data is not None else (bytes_data or b"")
-        if len(frame) > self.max_frame or (
-            isinstance(frame, str) and len(frame.encode("utf-8")) > self.max_frame
-        ):
-            await self.close(code=CLOSE_TOO_BIG)
-            return
         try:
             message: Any = decode(frame)
         except ProtocolError as error:
@@ -229,13 +222,13 @@ class ABPConsumer(AsyncWebsocketConsumer):
         assert outcome.error is not None
         started = self.started.pop(call.call_id, time.monotonic())
         duration = int((time.monotonic() - started) * 1000)
+        await self.notify_completed(call.call_id)
         await self.send(
             text_data=replies.call_result(
                 call.request_id, cancelled_response(call.call_id, outcome.error, duration)
             )
         )
         self.forget(call.call_id)
-        await self.notify_completed(call.call_id)
         asyncio.ensure_future(
             database_sync_to_async(session_store.after_cancel)([call.job_id], True)
         )
@@ -262,9 +255,9 @@ class ABPConsumer(AsyncWebsocketConsumer):
             response = await database_sync_to_async(session_store.settled_response)(call.job_id)
         if response is None or self.session.finish(call_id) is None:
             return
+        await self.notify_completed(call_id)
         await self.send(text_data=replies.call_result(call.request_id, response))
         self.forget(call_id)
-        await self.notify_completed(call_id)
         asyncio.ensure_future(database_sync_to_async(jobs.mark_delivered)(call.job_id))
 
     def forget(self, call_id: str) -> None:

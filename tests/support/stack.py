@@ -135,7 +135,12 @@ class Stack:
         self.web = ManagedProcess(
             "daphne",
             python_tool(
-                "daphne", "-b", "127.0.0.1", "-p", str(self.web_port), "abpsite.asgi:application"
+                "daphne", "-b", "127.0.0.1", "-p", str(self.web_port),
+                # Daphne enforces the frame limit itself (close code 1009), before
+                # buffering anything larger; the Procfile passes the same variable.
+                "--websocket-max-message-size", os.environ["ABP_MAX_FRAME_BYTES"],
+                "--websocket-max-frame-size", os.environ["ABP_MAX_FRAME_BYTES"],
+                "abpsite.asgi:application",
             ),
             run_dir,
         )

@@ -1,0 +1,302 @@
+"""The `export.pdf` runner: HTML in, a PDF file out, rendered by WeasyPrint.
+
+WeasyPrint (and the fetcher built on it) is imported when a render runs, not with
+this module: the web process reads the schemas here without loading it. Progress,
+the page limit and cancellation ride on WeasyPrint's progress log, the only hook it
+has inside layout: a handler raising there stops the render.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.conf import settings
+
+from capabilities.context import CapabilityError, JobContext
+from capabilities.protocol.errors import ErrorCode
+
+DESCRIPTION = (
+    "Render an HTML document (with its CSS, print media) to a PDF. Relative URLs do not "
+    "resolve; images, stylesheets and fonts load from data: URLs, or over http(s) from "
+    "the server's allow-listed hosts only. Reports progress page by page; cancellable."
+)
+
+_LENGTH = r"(0|[0-9]{1,4}(\.[0-9]{1,3})?(mm|cm|in|pt|pc|px))"
+# One to four lengths, as in the CSS `margin` shorthand. The value is written into CSS.
+MARGIN_PATTERN = rf"^{_LENGTH}( {_LENGTH}){{0,3}}$"
+PAGE_SIZES = ("a4", "letter", "legal")
+DEFAULT_FILENAME = "document.pdf"
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "html": {"type": "string", "description": "The HTML document."},
+        "content": {"type": "string", "description": "An alias of html."},
+        "options": {
+            "type": "object",
+            "properties": {
+                "pageSize": {
+                    "type": "string",
+                    "pattern": "^([aA]4|[lL][eE][tT][tT][eE][rR]|[lL][eE][gG][aA][lL])$",
+                    "description": "a4, letter or legal, in any case. Default a4.",
+                },
+                "landscape": {"type": "boolean", "default": False},
+                "margin": {
+                    "type": "string",
+                    "pattern": MARGIN_PATTERN,
+                    "description": "Page margin: one to four CSS lengths, e.g. '20mm'.",
+                },
+                "headerText": {
+                    "type": "string",
+                    "maxLength": 500,
+                    "description": "Text printed at the top of every page.",
+                },
+                "filename": {
+                    "type": "string",
+                    "maxLength": 255,
+                    "description": "The file name; made a safe *.pdf basename.",
+                    "default": DEFAULT_FILENAME,
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+    # Exactly one of html and content; written as if/then/else so that neither reads
+    # as a missing `html` rather than as a failed alternative.
+    "if": {"not": {"required": ["content"]}},
+    "then": {"required": ["html"]},
+    "else": {"not": {"required": ["html"]}},
+}
+
+_FILE_COMMON: dict[str, Any] = {
+    "mimeType": {"const": "application/pdf"},
+    "size": {"type": "integer", "minimum": 0, "description": "Bytes."},
+    "filename": {"type": "string"},
+}
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "document": {
+            "oneOf": [
+                {
+                    "title": "BinaryData",
+                    "type": "object",
+                    "properties": {
+                        "content": {"type": "string", "contentEncoding": "base64"},
+                        "encoding": {"const": "base64"},
+                        **_FILE_COMMON,
+                    },
+                    "required": ["content", "mimeType", "encoding", "size", "filename"],
+                },
+                {
+                    "title": "Download reference, for a PDF too large to inline",
+                    "type": "object",
+                    "properties": {
+                        "downloadUrl": {"type": "string", "format": "uri"},
+                        "expiresAt": {"type": "string", "format": "date-time"},
+                        **_FILE_COMMON,
+                    },
+                    "required": ["downloadUrl", "mimeType", "size", "filename", "expiresAt"],
+                },
+            ]
+        },
+        "pageCount": {"type": "integer", "minimum": 1},
+    },
+    "required": ["document", "pageCount"],
+}
+
+
+def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Render the HTML to PDF, save it through `ctx`, and return the result data."""
+    html = _html(params)
+    options = params.get("options", {})
+    if not isinstance(options, dict):
+        raise _invalid("options", "'options' must be an object.")
+    stylesheet = page_stylesheet(options)
+    filename = safe_filename(options.get("filename"))
+    pdf, page_count = _render(html, stylesheet, ctx)
+    ctx.report(progress=page_count, total=page_count, stage="write")
+    document = ctx.save_file(pdf, mime_type="application/pdf", filename=filename)
+    return {"document": document, "pageCount": page_count}
+
+
+def page_stylesheet(options: dict[str, Any]) -> str:
+    """The `@page` rule for the options; `!important` so it beats the document's own."""
+    rules: list[str] = []
+    size, landscape = options.get("pageSize"), options.get("landscape", False)
+    if not isinstance(landscape, bool):
+        raise _invalid("options.landscape", "'options.landscape' must be a boolean.")
+    if size is not None or landscape:
+        size = "a4" if size is None else size
+        if not isinstance(size, str) or size.lower() not in PAGE_SIZES:
+            raise _invalid("options.pageSize", f"'options.pageSize' must be one of {PAGE_SIZES}.")
+        rules.append(f"size: {size.lower()}{' landscape' if landscape else ''} !important;")
+    margin = options.get("margin")
+    if margin is not None:
+        if not isinstance(margin, str) or not re.fullmatch(MARGIN_PATTERN, margin):
+            raise _invalid("options.margin", "'options.margin' must be CSS lengths like '20mm'.")
+        rules.append(f"margin: {margin} !important;")
+    header = options.get("headerText")
+    if header is not None:
+        if not isinstance(header, str) or len(header) > 500:
+            raise _invalid("options.headerText", "'options.headerText' must be a short string.")
+        rules.append(f"@top-center {{ content: {_css_string(header)} !important; }}")
+    return f"@page {{ {' '.join(rules)} }}" if rules else ""
+
+
+def safe_filename(name: object) -> str:
+    """A plain ASCII basename ending in .pdf, or the default."""
+    if not isinstance(name, str):
+        return DEFAULT_FILENAME
+    base = re.split(r"[/\\]", name)[-1]
+    base = unicodedata.normalize("NFKD", base).encode("ascii", "ignore").decode()
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base)
+    stem = (base[:-4] if base.lower().endswith(".pdf") else base).strip("._")[:100]
+    return f"{stem}.pdf" if stem else DEFAULT_FILENAME
+
+
+def _html(params: dict[str, Any]) -> str:
+    keys = [key for key in ("html", "content") if key in params]
+    if not keys:
+        raise CapabilityError(
+            ErrorCode.MISSING_PARAM, "Missing parameter 'html'.", details={"path": "html"}
+        )
+    if len(keys) > 1:
+        raise _invalid("html", "Give 'html' or its alias 'content', not both.")
+    key = keys[0]
+    html = params[key]
+    if not isinstance(html, str):
+        raise CapabilityError(
+            ErrorCode.INVALID_TYPE, f"'{key}' must be a string.", details={"path": key}
+        )
+    limit: int = settings.ABP["MAX_HTML_BYTES"]
+    # A character is at least one byte: a long string is refused before encoding it.
+    if len(html) > limit or len(html.encode("utf-8", "surrogatepass")) > limit:
+        raise _invalid(key, f"'{key}' is larger than {limit} bytes.", limit=limit)
+    return html
+
+
+def _css_string(text: str) -> str:
+    """`text` as a CSS string literal: quotes, backslashes and controls hex-escaped."""
+    escaped = "".join(
+        f"\\{ord(char):x} " if char in '"\\' or ord(char) < 0x20 or ord(char) == 0x7F else char
+        for char in text
+    )
+    return f'"{escaped}"'
+
+
+def _invalid(path: str, message: str, **details: Any) -> CapabilityError:
+    return CapabilityError(ErrorCode.INVALID_PARAMS, message, details={"path": path, **details})
+
+
+class _TooManyPages(BaseException):
+    """Raised inside layout; a BaseException so WeasyPrint's `except Exception` let it by."""
+
+
+# The progress log's message prefixes, by WeasyPrint step (see weasyprint/logger.py).
+_STEP = re.compile(r"Step (\d) - ")
+_STAGES = {"1": "parse", "2": "parse", "3": "style", "4": "style", "5": "layout"}
+_PAGE_MESSAGE = "Step 5 - Creating layout - Page %d"
+
+
+class _Progress(logging.Handler):
+    """Turns the render thread's progress records into checkpoints and reports."""
+
+    def __init__(self, ctx: JobContext, max_pages: int) -> None:
+        super().__init__(logging.INFO)
+        self._ctx, self._max_pages = ctx, max_pages
+        self._thread = threading.get_ident()
+        self._stage, self._pages = "", 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _STEP.match(str(record.msg))
+        if record.thread != self._thread or match is None:
+            return
+        stage = _STAGES.get(match[1], "write")
+        self._ctx.checkpoint()
+        args = record.args if isinstance(record.args, tuple) else ()
+        page = args[0] if record.msg == _PAGE_MESSAGE and args else None
+        # Pages laid out again (repagination) are checkpoints, not progress.
+        if isinstance(page, int) and page > self._pages:
+            if page > self._max_pages:
+                raise _TooManyPages
+            self._stage, self._pages = stage, page
+            self._ctx.report(progress=page, total=None, stage=stage)
+        elif stage != self._stage:
+            self._stage = stage
+            self._ctx.report(progress=self._pages, total=None, stage=stage)
+
+
+class _ProgressLog:
+    """WeasyPrint's progress logger, held at INFO while any render listens to it."""
+
+    def __init__(self) -> None:
+        self._logger = logging.getLogger("weasyprint.progress")
+        self._lock = threading.Lock()
+        self._listeners = 0
+        self._saved_level = logging.NOTSET
+
+    @contextmanager
+    def listening(self, handler: logging.Handler) -> Iterator[None]:
+        with self._lock:
+            if self._listeners == 0:
+                self._saved_level = self._logger.level
+                if not self._logger.isEnabledFor(logging.INFO):
+                    self._logger.setLevel(logging.INFO)
+            self._listeners += 1
+            self._logger.addHandler(handler)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._logger.removeHandler(handler)
+                self._listeners -= 1
+                if self._listeners == 0:
+                    self._logger.setLevel(self._saved_level)
+
+
+_PROGRESS_LOG = _ProgressLog()
+
+
+def _render(html: str, stylesheet: str, ctx: JobContext) -> tuple[bytes, int]:
+    # Imported here: see the module docstring.
+    import weasyprint  # noqa: PLC0415
+
+    from capabilities.fetcher import (  # noqa: PLC0415
+        URLFetchFailed,
+        URLNotAllowed,
+        fetcher_from_settings,
+    )
+
+    max_pages: int = settings.ABP["MAX_PDF_PAGES"]
+    fetcher = fetcher_from_settings()
+    try:
+        with _PROGRESS_LOG.listening(_Progress(ctx, max_pages)):
+            source = weasyprint.HTML(string=html, base_url=None, url_fetcher=fetcher)
+            extra = [weasyprint.CSS(string=stylesheet, url_fetcher=fetcher)] if stylesheet else []
+            document = source.render(stylesheets=extra)
+            return document.write_pdf(), len(document.pages)
+    except _TooManyPages:
+        message = f"The document has more than {max_pages} pages."
+        raise _invalid("html", message, limit=max_pages) from None
+    except URLNotAllowed as error:
+        raise CapabilityError(
+            ErrorCode.PERMISSION_DENIED,
+            f"Fetching {error.url} is not allowed: {error.reason}.",
+            details={"url": error.url},
+        ) from error
+    except URLFetchFailed as error:
+        raise CapabilityError(
+            ErrorCode.OPERATION_FAILED,
+            f"Fetching {error.url} failed: {error.reason}.",
+            details={"url": error.url},
+        ) from error

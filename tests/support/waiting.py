@@ -1,0 +1,21 @@
+"""Polling helpers for state that other processes change."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.02) -> T:
+    """The first truthy value `probe` returns within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met in {timeout}s")
+        time.sleep(interval)

@@ -1,0 +1,123 @@
+"""The connection's life over the real stack: frames, initialize, shutdown, disconnect."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from capabilities.models import AgentSession, CancelSource, Job, JobStatus
+from tests.support.agent import Agent
+from tests.support.stack import Stack
+from tests.support.waiting import eventually
+
+
+def test_initialize_result(stack: Stack) -> None:
+    with Agent(stack.ws_url) as agent:
+        reply = agent.initialize(notifications=True)
+        payload = reply["payload"]
+        assert payload["protocolVersion"] == "0.1"
+        assert payload["app"]["id"] == "abp-jobs"
+        names = [c["name"] for c in payload["capabilities"]]
+        assert "export.pdf" in names
+        assert all(c["available"] is True for c in payload["capabilities"])
+        assert payload["features"]["notifications"] is True
+        assert isinstance(reply["timestamp"], int)
+        session = AgentSession.objects.get(pk=payload["sessionId"])
+        assert session.agent_name == "test-agent"
+
+
+def test_second_initialize_is_refused(stack: Stack) -> None:
+    with Agent(stack.ws_url) as agent:
+        first = agent.initialize()
+        again = agent.send("initialize", {"agent": {"name": "x"}})
+        reply = agent.reply_to(again, "initialize-result")
+        assert reply["payload"]["error"]["code"] == "ALREADY_INITIALIZED"
+        assert first["payload"]["sessionId"]
+
+
+def test_call_before_initialize_is_refused(stack: Stack) -> None:
+    with Agent(stack.ws_url) as agent:
+        call = agent.call("test.sleep", {})
+        payload = agent.result_of(call)["payload"]
+        assert payload["success"] is False
+        assert payload["error"]["code"] == "NOT_INITIALIZED"
+        shutdown = agent.send("shutdown", {})
+        note = agent.wait_for(lambda e: e["type"] == "notification")
+        assert note["payload"]["data"]["code"] == "NOT_INITIALIZED"
+        assert note["payload"]["data"]["requestId"] == shutdown
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("not json", "PARSE_ERROR"),
+        ("[1, 2]", "PARSE_ERROR"),
+        (b"\xff\xfe binary garbage", "PARSE_ERROR"),
+        (json.dumps({"type": "no/such", "id": "1"}), "UNKNOWN_MESSAGE_TYPE"),
+        (json.dumps({"type": "capabilities/cancel", "id": "1"}), "MISSING_PARAM"),
+        (json.dumps({"type": "shutdown", "id": "1", "payload": []}), "INVALID_TYPE"),
+    ],
+)
+def test_bad_frames_get_a_coded_error_and_the_connection_stays(
+    stack: Stack, frame: str | bytes, code: str
+) -> None:
+    with Agent(stack.ws_url) as agent:
+        agent.initialize()
+        agent.send_raw(frame)
+        reply = agent.wait_for(lambda e: e["type"] in ("notification", "capabilities/cancel-result"))
+        error = reply["payload"].get("error") or reply["payload"]["data"]
+        assert error["code"] == code
+        # Still open and usable.
+        call = agent.call("test.sleep", {"steps": 0})
+        assert agent.result_of(call)["payload"]["success"] is True
+
+
+def test_oversized_frame_closes_with_1009(stack: Stack) -> None:
+    with Agent(stack.ws_url) as agent:
+        agent.initialize()
+        agent.send_raw("x" * (1024 * 1024 + 1))
+        with pytest.raises(ConnectionClosed) as closed:
+            agent.receive(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_shutdown_answers_every_call_then_closes(stack: Stack) -> None:
+    with Agent(stack.ws_url) as agent:
+        agent.initialize()
+        calls = [agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id=f"s{n}") for n in range(3)]
+        eventually(
+            lambda: Job.objects.filter(session_id=agent.session_id, status=JobStatus.RUNNING).exists()
+        )
+        agent.send("shutdown", {"reason": "done for today"})
+        for call in calls:
+            assert agent.result_of(call)["payload"]["cancelled"] is True
+        with pytest.raises(ConnectionClosed) as closed:
+            agent.receive(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+        session_id = agent.session_id
+    jobs = Job.objects.filter(session_id=session_id)
+    assert {j.cancel_source for j in jobs} == {CancelSource.SHUTDOWN}
+    for n in range(3):
+        assert len(agent.results_for_call(f"s{n}")) == 1
+
+
+def test_disconnect_cancels_calls_and_stops_the_work(stack: Stack) -> None:
+    agent = Agent(stack.ws_url)
+    agent.initialize()
+    agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id="gone")
+    eventually(lambda: Job.objects.filter(session_id=agent.session_id, status=JobStatus.RUNNING).exists())
+    agent.close()
+    job = eventually(
+        lambda: Job.objects.filter(
+            session_id=agent.session_id, call_id="gone", stopped_at__isnull=False
+        ).first()
+    )
+    assert job.status == JobStatus.CANCELLED
+    assert job.cancel_source == CancelSource.DISCONNECT
+    assert not job.hard_killed
+    session = eventually(
+        lambda: AgentSession.objects.filter(pk=agent.session_id, closed_at__isnull=False).first()
+    )
+    assert session.close_reason.startswith("disconnected")

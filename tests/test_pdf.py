@@ -1,0 +1,412 @@
+"""The export.pdf runner, with an in-memory context: no Celery, Redis or DB."""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import ssl
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from jsonschema import Draft202012Validator
+from pypdf import PdfReader
+
+from capabilities import pdf
+from capabilities.context import CapabilityError, JobAborted
+from tests.support.context import RecordingContext
+
+# A 1x1 transparent PNG.
+PNG_DATA_URL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def pages_html(count: int, head: str = "") -> str:
+    """A document of `count` pages, one forced page break between each."""
+    style = "<style>.page { page-break-after: always } .page:last-child { page-break-after: auto }"
+    body = "".join(f'<div class="page">Page {number}</div>' for number in range(1, count + 1))
+    return f"{style}</style>{head}{body}"
+
+
+def render(params: dict[str, Any], ctx: RecordingContext | None = None) -> PdfReader:
+    """Run the runner; the saved PDF, parsed."""
+    ctx = ctx or RecordingContext()
+    data = pdf.run(params, ctx)
+    return PdfReader(io.BytesIO(ctx.files[data["document"]["$file"]]))
+
+
+def refusal(params: dict[str, Any], ctx: RecordingContext | None = None) -> CapabilityError:
+    """Run the runner, expecting a CapabilityError; the error."""
+    with pytest.raises(CapabilityError) as caught:
+        pdf.run(params, ctx or RecordingContext())
+    return caught.value
+
+
+def limits(**overrides: Any) -> override_settings:
+    return override_settings(ABP={**settings.ABP, **overrides})
+
+
+def test_renders_three_pages() -> None:
+    ctx = RecordingContext()
+    data = pdf.run({"html": pages_html(3)}, ctx)
+    assert data["pageCount"] == 3
+    document = data["document"]
+    assert document["mimeType"] == "application/pdf"
+    assert document["filename"] == "document.pdf"
+    content = ctx.files[document["$file"]]
+    assert content.startswith(b"%PDF-")
+    assert document["size"] == len(content)
+    reader = PdfReader(io.BytesIO(content))
+    assert [page.extract_text() for page in reader.pages] == ["Page 1", "Page 2", "Page 3"]
+
+
+def test_content_is_an_alias_of_html() -> None:
+    assert len(render({"content": pages_html(2)}).pages) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "size"),
+    [
+        ({}, (595.28, 841.89)),
+        ({"pageSize": "a4"}, (595.28, 841.89)),
+        ({"pageSize": "letter"}, (612, 792)),
+        ({"pageSize": "Legal"}, (612, 1008)),
+        ({"pageSize": "LETTER", "landscape": True}, (792, 612)),
+        ({"landscape": True}, (841.89, 595.28)),
+    ],
+)
+def test_page_size_and_orientation(options: dict[str, Any], size: tuple[float, float]) -> None:
+    page = render({"html": "<p>x</p>", "options": options}).pages[0]
+    assert float(page.mediabox.width) == pytest.approx(size[0], abs=0.5)
+    assert float(page.mediabox.height) == pytest.approx(size[1], abs=0.5)
+
+
+def test_options_override_the_documents_own_page_rule() -> None:
+    html = "<style>@page { size: letter; margin: 0 }</style><p>x</p>"
+    page = render({"html": html, "options": {"pageSize": "legal"}}).pages[0]
+    assert (float(page.mediabox.width), float(page.mediabox.height)) == (612, 1008)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Quarterly report",
+        'He said "stop" \\ then left',
+        # Escaped, this is text; unescaped, it would close the string and the rule.
+        '"; } @page { size: letter } p { content: "',
+    ],
+)
+def test_header_text_is_on_every_page(header: str) -> None:
+    reader = render({"html": pages_html(3), "options": {"headerText": header}})
+    assert len(reader.pages) == 3
+    for page in reader.pages:
+        assert header in page.extract_text()
+        assert float(page.mediabox.width) == pytest.approx(595.28, abs=0.5)
+
+
+def test_a_margin_is_accepted() -> None:
+    assert len(render({"html": pages_html(2), "options": {"margin": "20mm 1in"}}).pages) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (None, "document.pdf"),
+        ("report", "report.pdf"),
+        ("Report 2024.PDF", "Report_2024.pdf"),
+        ("../../etc/passwd", "passwd.pdf"),
+        ("C:\\Users\\me\\été.pdf", "ete.pdf"),
+        ("...", "document.pdf"),
+        (".hidden.pdf", "hidden.pdf"),
+    ],
+)
+def test_filenames_are_safe_basenames(name: str | None, expected: str) -> None:
+    assert pdf.safe_filename(name) == expected
+
+
+def test_the_filename_option_reaches_the_saved_file() -> None:
+    ctx = RecordingContext()
+    data = pdf.run({"html": "<p>x</p>", "options": {"filename": "../invoice"}}, ctx)
+    assert data["document"]["filename"] == "invoice.pdf"
+
+
+def test_progress_goes_through_every_stage_and_page_in_order() -> None:
+    ctx = RecordingContext()
+    pdf.run({"html": pages_html(4)}, ctx)
+    stages = [report["stage"] for report in ctx.reports]
+    assert list(dict.fromkeys(stages)) == ["parse", "style", "layout", "write"]
+    layout = [report["progress"] for report in ctx.reports if report["stage"] == "layout"]
+    assert layout == [1, 2, 3, 4]
+    progress = [report["progress"] for report in ctx.reports]
+    assert progress == sorted(progress)
+    assert ctx.reports[-1] == {"progress": 4, "total": 4, "stage": "write"}
+    assert ctx.checkpoints >= len(ctx.reports)
+
+
+def test_missing_html_is_a_missing_param() -> None:
+    error = refusal({"options": {}})
+    assert (error.code, error.details) == ("MISSING_PARAM", {"path": "html"})
+
+
+@pytest.mark.parametrize(
+    ("params", "code", "path"),
+    [
+        ({"html": "<p>a</p>", "content": "<p>b</p>"}, "INVALID_PARAMS", "html"),
+        ({"html": 42}, "INVALID_TYPE", "html"),
+        ({"html": "x", "options": []}, "INVALID_PARAMS", "options"),
+        ({"html": "x", "options": {"pageSize": "a5"}}, "INVALID_PARAMS", "options.pageSize"),
+        ({"html": "x", "options": {"landscape": "yes"}}, "INVALID_PARAMS", "options.landscape"),
+        ({"html": "x", "options": {"headerText": 7}}, "INVALID_PARAMS", "options.headerText"),
+    ],
+)
+def test_unusable_params_are_refused(params: dict[str, Any], code: str, path: str) -> None:
+    error = refusal(params)
+    assert error.code == code
+    assert error.details is not None
+    assert error.details["path"] == path
+
+
+@pytest.mark.parametrize(
+    "margin", ["20mm; } body { color: red", "20", "-5mm", "1e3mm", "calc(1mm)", "20mm\n", ""]
+)
+def test_bad_margins_are_refused(margin: str) -> None:
+    error = refusal({"html": "x", "options": {"margin": margin}})
+    assert error.code == "INVALID_PARAMS"
+    assert error.details == {"path": "options.margin"}
+
+
+def test_html_over_the_size_limit_is_refused() -> None:
+    ctx = RecordingContext()
+    with limits(MAX_HTML_BYTES=100):
+        # 60 characters, 120 bytes: the limit counts UTF-8 bytes.
+        error = refusal({"html": "é" * 60}, ctx)
+        assert render({"html": "é" * 50}).pages
+    assert error.code == "INVALID_PARAMS"
+    assert error.details == {"path": "html", "limit": 100}
+    assert ctx.reports == []
+
+
+def test_too_many_pages_stops_the_layout() -> None:
+    ctx = RecordingContext()
+    with limits(MAX_PDF_PAGES=2):
+        error = refusal({"html": pages_html(5)}, ctx)
+    assert error.code == "INVALID_PARAMS"
+    assert error.details == {"path": "html", "limit": 2}
+    assert [r["progress"] for r in ctx.reports if r["stage"] == "layout"] == [1, 2]
+    assert "write" not in {report["stage"] for report in ctx.reports}
+    assert ctx.files == {}
+
+
+def test_an_abort_at_a_checkpoint_stops_the_layout() -> None:
+    # Checkpoints before layout: the HTML, two stylesheets (the document's and the
+    # options'), the cascade and the box tree; the 8th is page 3's.
+    ctx = RecordingContext(abort_after_checkpoints=8)
+    with pytest.raises(JobAborted):
+        pdf.run({"html": pages_html(10), "options": {"pageSize": "a4"}}, ctx)
+    assert [r["progress"] for r in ctx.reports if r["stage"] == "layout"] == [1, 2]
+    assert ctx.files == {}
+
+
+def test_an_abort_at_any_checkpoint_gets_out_of_weasyprint() -> None:
+    html = pages_html(2)
+    probe = RecordingContext()
+    pdf.run({"html": html, "options": {"headerText": "h"}}, probe)
+    for n in range(1, probe.checkpoints + 1):
+        ctx = RecordingContext(abort_after_checkpoints=n)
+        with pytest.raises(JobAborted):
+            pdf.run({"html": html, "options": {"headerText": "h"}}, ctx)
+        assert ctx.checkpoints == n
+
+
+def test_concurrent_renders_only_hear_their_own_thread() -> None:
+    contexts = {count: RecordingContext() for count in (2, 5)}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [
+            pool.submit(pdf.run, {"html": pages_html(n)}, ctx) for n, ctx in contexts.items()
+        ]
+        assert sorted(future.result()["pageCount"] for future in futures) == [2, 5]
+    for count, ctx in contexts.items():
+        layout = [r["progress"] for r in ctx.reports if r["stage"] == "layout"]
+        assert layout == list(range(1, count + 1))
+
+
+def test_the_progress_handler_is_removed_whatever_happens() -> None:
+    logger = logging.getLogger("weasyprint.progress")
+    handlers, level = list(logger.handlers), logger.level
+    pdf.run({"html": "<p>x</p>"}, RecordingContext())
+    with pytest.raises(JobAborted):
+        pdf.run({"html": "<p>x</p>"}, RecordingContext(abort_after_checkpoints=1))
+    refusal({"html": '<img src="file:///etc/passwd">'})
+    assert (logger.handlers, logger.level) == (handlers, level)
+
+
+def test_reports_reach_the_handler_even_when_the_logger_is_quiet() -> None:
+    logger = logging.getLogger("weasyprint.progress")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        ctx = RecordingContext()
+        pdf.run({"html": pages_html(2)}, ctx)
+        assert [r["progress"] for r in ctx.reports if r["stage"] == "layout"] == [1, 2]
+        assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    "html",
+    [
+        '<img src="file:///etc/passwd">',
+        '<link rel="stylesheet" href="file:///etc/passwd">',
+        "<style>@import url(file:///etc/passwd);</style>",
+        "<style>p { background: url(file:///etc/passwd) }</style><p>x</p>",
+        "<style>@font-face { font-family: x; src: url(file:///etc/passwd) }"
+        " p { font-family: x }</style><p>x</p>",
+        '<img src="http://127.0.0.1/x.png">',
+        '<img src="http://169.254.169.254/latest/meta-data">',
+        '<img src="ftp://example.com/x.png">',
+    ],
+)
+def test_forbidden_resources_deny_the_whole_call(html: str) -> None:
+    error = refusal({"html": html})
+    assert error.code == "PERMISSION_DENIED"
+    assert error.details is not None
+    assert error.details["url"] in html
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1/x.png", "http://169.254.169.254/latest/meta-data"]
+)
+def test_internal_addresses_are_denied_even_when_allow_listed(url: str) -> None:
+    with limits(URL_FETCH_ALLOWED_HOSTS=["127.0.0.1", "169.254.169.254"]):
+        error = refusal({"html": f'<img src="{url}">'})
+    assert error.code == "PERMISSION_DENIED"
+    assert error.details == {"url": url}
+
+
+def test_a_failed_fetch_fails_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    def getaddrinfo(*args: Any, **kwargs: Any) -> list[Any]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    with limits(URL_FETCH_ALLOWED_HOSTS=["cdn.example.com"]):
+        error = refusal({"html": '<img src="https://cdn.example.com/a.png">'})
+    assert error.code == "OPERATION_FAILED"
+    assert error.details == {"url": "https://cdn.example.com/a.png"}
+
+
+def test_data_urls_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Neither data: URLs nor a plain render may touch DNS or build a TLS context.
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no network setup expected")
+
+    monkeypatch.setattr(socket, "getaddrinfo", forbidden)
+    monkeypatch.setattr(ssl, "create_default_context", forbidden)
+    html = f'<img src="{PNG_DATA_URL}" style="width: 10mm"><p>x</p>'
+    assert len(render({"html": html}).pages) == 1
+
+
+INPUT_VALIDATOR = Draft202012Validator(pdf.INPUT_SCHEMA)
+OUTPUT_VALIDATOR = Draft202012Validator(pdf.OUTPUT_SCHEMA)
+
+
+def test_schemas_are_draft_2020_12() -> None:
+    Draft202012Validator.check_schema(pdf.INPUT_SCHEMA)
+    Draft202012Validator.check_schema(pdf.OUTPUT_SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"html": "<p>x</p>"},
+        {"content": "<p>x</p>"},
+        {
+            "html": "<p>x</p>",
+            "options": {
+                "pageSize": "LETTER",
+                "landscape": True,
+                "margin": "20mm",
+                "headerText": "Report",
+                "filename": "report.pdf",
+            },
+        },
+        {"html": "x", "options": {"pageSize": "a4", "margin": "0 1.5in 10mm 12pt"}},
+    ],
+)
+def test_the_input_schema_accepts(params: dict[str, Any]) -> None:
+    assert list(INPUT_VALIDATOR.iter_errors(params)) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "rule"),
+    [
+        ({}, "required"),
+        ({"options": {"pageSize": "a4"}}, "required"),
+        ({"html": "a", "content": "b"}, "not"),
+        ({"html": 1}, "type"),
+        ({"html": "x", "options": {"pageSize": "a5"}}, "pattern"),
+        ({"html": "x", "options": {"margin": "20mm; color: red"}}, "pattern"),
+        ({"html": "x", "options": {"margin": "20"}}, "pattern"),
+        ({"html": "x", "options": {"landscape": "yes"}}, "type"),
+        ({"html": "x", "options": {"headerText": "x" * 501}}, "maxLength"),
+        ({"html": "x", "options": {"colour": "red"}}, "additionalProperties"),
+        ({"html": "x", "extra": 1}, "additionalProperties"),
+    ],
+)
+def test_the_input_schema_rejects(params: dict[str, Any], rule: str) -> None:
+    assert rule in {error.validator for error in INPUT_VALIDATOR.iter_errors(params)}
+
+
+def test_the_input_schema_and_the_runner_agree_on_margins() -> None:
+    for margin in ("20mm", "0", "1in 2cm", "12.5pt 3px 4pc 0"):
+        assert list(INPUT_VALIDATOR.iter_errors({"html": "x", "options": {"margin": margin}})) == []
+        assert pdf.page_stylesheet({"margin": margin})
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {
+            "content": "JVBERi0=",
+            "mimeType": "application/pdf",
+            "encoding": "base64",
+            "size": 5,
+            "filename": "document.pdf",
+        },
+        {
+            "downloadUrl": "https://app.example.com/abp/files/abc?sig=1",
+            "mimeType": "application/pdf",
+            "size": 12_000_000,
+            "filename": "document.pdf",
+            "expiresAt": "2030-01-01T00:00:00Z",
+        },
+    ],
+)
+def test_the_output_schema_accepts_both_wire_forms(document: dict[str, Any]) -> None:
+    assert list(OUTPUT_VALIDATOR.iter_errors({"document": document, "pageCount": 3})) == []
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"document": {"mimeType": "application/pdf", "size": 1, "filename": "a.pdf"}},
+        {
+            "document": {
+                "content": "x",
+                "mimeType": "image/png",
+                "encoding": "base64",
+                "size": 1,
+                "filename": "a.pdf",
+            },
+            "pageCount": 1,
+        },
+        {"pageCount": 1},
+    ],
+)
+def test_the_output_schema_rejects(data: dict[str, Any]) -> None:
+    assert list(OUTPUT_VALIDATOR.iter_errors(data)) != []
