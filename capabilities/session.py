@@ -125,10 +125,10 @@ class Session:
 
     def receive(self, message: Message | ProtocolError) -> list[Action]:
         """What to do about one decoded frame (or one that failed to decode)."""
-        if isinstance(message, ProtocolError):
-            return self._refuse(message)
         if self.state is SessionState.CLOSED:
             return []
+        if isinstance(message, ProtocolError):
+            return self._refuse(message)
         if isinstance(message, Initialize):
             return self._initialize(message)
         if self.state is SessionState.NEW:
@@ -141,7 +141,7 @@ class Session:
             return self._shutdown(message)
         assert isinstance(message, ElicitationResponse)
         error = WireError(code=ErrorCode.INVALID_PARAMS, message="No elicitation is pending.")
-        return [Send(text=replies.error_for(None, message.id, error))]
+        return [Send(text=replies.error_for("elicitation/response", message.id, error))]
 
     def disconnected(self) -> list[Action]:
         """The socket dropped: every in-flight call is cancelled."""

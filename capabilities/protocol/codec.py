@@ -114,7 +114,8 @@ def _readable_id(value: JSON) -> str | None:
     if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+        text = str(value)
+        return text if len(text) <= MAX_ID_LENGTH else None
     return None
 
 

@@ -176,7 +176,9 @@ class Stack:
     def start_worker(self) -> None:
         """Start a fresh worker and wait until it consumes."""
         self.worker = self._new_worker()
-        self.worker.start(lambda: self.worker.log_text().count(" ready.") >= 1)
+        # The log file is shared across restarts: wait for one more "ready." line.
+        seen = self.worker.log_text().count(" ready.")
+        self.worker.start(lambda: self.worker.log_text().count(" ready.") > seen)
 
     def stop(self) -> None:
         """Stop everything, Redis last."""

@@ -1,0 +1,170 @@
+"""Cancel latencies and small-call overhead through the whole stack.
+
+Prints, over real WebSockets against Daphne, Redis and a prefork Celery worker:
+- the WebSocket round trip (ping/pong, and a frame answered by the consumer);
+- cancel -> cancel-result, cancel -> call-result, cancel -> work stopped
+  (Job.stopped_at), for a running test.sleep and for a running export.pdf
+  (cancels land in every stage, mid-layout included);
+- a small call's round trip against a bare Celery apply_async/get round trip.
+
+Run: .venv/bin/python bench/cancel_latency.py [--cancels 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support import environment  # noqa: E402
+from tests.support.stack import ManagedProcess, python_tool  # noqa: E402
+
+STACK = environment.prepare("abp-bench-")
+
+from bench import stats  # noqa: E402
+from capabilities.models import Job, JobStatus  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
+from tests.support.waiting import eventually  # noqa: E402
+
+PDF_HTML = "".join(
+    f"<section style='page-break-after: always'><h1>Page {n}</h1>{'<p>text</p>' * 20}</section>"
+    for n in range(60)
+)
+
+
+def ws_round_trips(agent: Agent, n: int) -> tuple[list[float], list[float]]:
+    """Ping/pong (transport only) and a frame the consumer answers without DB work."""
+    pings, frames = [], []
+    for _ in range(n):
+        start = time.perf_counter()
+        agent.ws.ping().wait(5)
+        pings.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        message_id = agent.send("initialize", {})  # answered ALREADY_INITIALIZED
+        agent.reply_to(message_id, "initialize-result")
+        frames.append((time.perf_counter() - start) * 1000)
+    return pings, frames
+
+
+def small_calls(agent: Agent, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        agent.result_of(agent.call("test.sleep", {"steps": 0}))
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def bare_celery_calls(n: int) -> list[float]:
+    from bench.bare_celery import echo  # noqa: PLC0415
+
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        echo.apply_async(args=(1,)).get(timeout=10)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def cancels(
+    agent: Agent, n: int, capability: str, params: dict[str, object], rng: random.Random
+) -> tuple[list[float], list[float], list[float], int]:
+    """Cancel n running calls; returns the three latencies and how many hit mid-layout."""
+    to_confirm, to_result, to_stop = [], [], []
+    mid_layout = 0
+    for i in range(n):
+        call_id = f"{capability}-{i}"
+        call = agent.call(capability, params, call_id=call_id, progress_token=call_id)
+        eventually(
+            lambda: Job.objects.filter(
+                session_id=agent.session_id, call_id=call_id, status=JobStatus.RUNNING
+            ).exists(),
+            interval=0.002,
+        )
+        # Let the work get somewhere: from its first instructions to deep in layout.
+        time.sleep(rng.uniform(0, 0.25))
+        progress = [
+            e for e in agent.inbox if e["type"] == "progress" and e["payload"]["operationId"] == call_id
+        ]
+        wall = time.time()
+        start = time.perf_counter()
+        cancel = agent.cancel(call_id)
+        agent.reply_to(cancel, "capabilities/cancel-result")
+        to_confirm.append((time.perf_counter() - start) * 1000)
+        result = agent.result_of(call)
+        to_result.append((time.perf_counter() - start) * 1000)
+        if not result["payload"].get("cancelled"):
+            continue  # finished before the cancel: no stop to measure
+        if progress and progress[-1]["payload"]["stage"] == "layout":
+            mid_layout += 1
+        job = eventually(
+            lambda: Job.objects.filter(
+                session_id=agent.session_id, call_id=call_id, stopped_at__isnull=False
+            ).first(),
+            timeout=15,
+        )
+        assert job.stopped_at is not None
+        to_stop.append((job.stopped_at.timestamp() - wall) * 1000)
+        agent.inbox.clear()
+    return to_confirm, to_result, to_stop, mid_layout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cancels", type=int, default=200)
+    parser.add_argument("--round-trips", type=int, default=300)
+    args = parser.parse_args()
+    rng = random.Random(1)
+    bare = ManagedProcess(
+        "bare-worker",
+        python_tool(
+            "celery", "-A", "bench.bare_celery", "worker", "-P", "prefork", "-c", "2",
+            "-Q", "bare", "-n", "bare@%h", "-l", "info", "--without-gossip", "--without-mingle",
+        ),
+        STACK.run_dir,
+    )  # fmt: skip
+    STACK.start()
+    bare.start(lambda: " ready." in bare.log_text())
+    try:
+        with Agent(STACK.ws_url) as agent:
+            agent.initialize()
+            small_calls(agent, 20)  # warm up workers and connections
+            bare_celery_calls(20)
+            pings, frames = ws_round_trips(agent, args.round_trips)
+            stack_calls = small_calls(agent, args.round_trips)
+            celery_calls = bare_celery_calls(args.round_trips)
+            sleep_runs = cancels(
+                agent, args.cancels, "test.sleep", {"steps": 1000, "stepMs": 5}, rng
+            )
+            pdf_runs = cancels(agent, args.cancels, "export.pdf", {"html": PDF_HTML}, rng)
+    finally:
+        bare.stop()
+        STACK.stop()
+
+    ping_p50 = stats.summary(pings)["p50"]
+    frame_p50 = stats.summary(frames)["p50"]
+    print("\n== WebSocket round trip (baselines)")
+    print(stats.line("ping/pong (transport only)", pings))
+    print(stats.line("frame answered by the consumer (no DB)", frames))
+    for label, (confirm, result, stop, mid) in (
+        ("test.sleep (checkpoints every 5 ms)", sleep_runs),
+        ("export.pdf (60 pages)", pdf_runs),
+    ):
+        print(f"\n== cancel of a running {label}")
+        print(stats.line("cancel -> cancel-result (vs consumer frame RTT)", confirm, frame_p50))
+        print(stats.line("cancel -> cancel-result (vs ping RTT)", confirm, ping_p50))
+        print(stats.line("cancel -> call-result", result))
+        print(stats.line("cancel -> work stopped (Job.stopped_at)", stop))
+        print(f"   cancels that landed mid-layout: {mid} of {len(stop)} stopped")
+    celery_p50 = stats.summary(celery_calls)["p50"]
+    print("\n== small call round trip")
+    print(stats.line("bare Celery apply_async().get()", celery_calls))
+    print(stats.line("test.sleep {steps: 0} through the whole stack", stack_calls, celery_p50))
+
+
+if __name__ == "__main__":
+    main()

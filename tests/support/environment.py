@@ -1,0 +1,42 @@
+"""One private environment for a test or benchmark run, set before Django loads.
+
+The environment points at a temporary SQLite file, a Redis on a free port and a
+temporary media root; the processes of the stack (tests/support/stack.py) inherit
+it, so this process sees the same DB as Daphne and the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from tests.support.stack import Stack, free_port
+
+
+def prepare(prefix: str, **overrides: str) -> Stack:
+    """Set the environment, set Django up, migrate; returns the (unstarted) stack."""
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    redis_port = free_port()
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DJANGO_SECRET_KEY": "test-only-secret-key-not-for-production",
+            "DJANGO_DEBUG": "0",
+            "DATABASE_URL": f"sqlite:///{run_dir / 'db.sqlite3'}",
+            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "DJANGO_MEDIA_ROOT": str(run_dir / "media"),
+            "DJANGO_LOG_LEVEL": "INFO",
+            "ABP_REAPER_INTERVAL_SECONDS": "0.5",
+            "ABP_HARD_KILL_GRACE_SECONDS": "1.5",
+            "ABP_MAX_FRAME_BYTES": str(1024 * 1024),
+            **overrides,
+        }
+    )
+    import django  # noqa: PLC0415 - only after the environment is set
+
+    django.setup()
+    from django.core.management import call_command  # noqa: PLC0415
+
+    call_command("migrate", verbosity=0)
+    return Stack(run_dir, redis_port)
