@@ -87,9 +87,6 @@ def cancels(
         )
         # Let the work get somewhere: from its first instructions to deep in layout.
         time.sleep(rng.uniform(0, 0.25))
-        progress = [
-            e for e in agent.inbox if e["type"] == "progress" and e["payload"]["operationId"] == call_id
-        ]
         wall = time.time()
         start = time.perf_counter()
         cancel = agent.cancel(call_id)
@@ -99,7 +96,7 @@ def cancels(
         to_result.append((time.perf_counter() - start) * 1000)
         if not result["payload"].get("cancelled"):
             continue  # finished before the cancel: no stop to measure
-        if progress and progress[-1]["payload"]["stage"] == "layout":
+        if _stage_when_cancelled(agent, cancel) == "layout":
             mid_layout += 1
         job = eventually(
             lambda: Job.objects.filter(
@@ -111,6 +108,17 @@ def cancels(
         to_stop.append((job.stopped_at.timestamp() - wall) * 1000)
         agent.inbox.clear()
     return to_confirm, to_result, to_stop, mid_layout
+
+
+def _stage_when_cancelled(agent: Agent, cancel_id: str) -> str:
+    """The stage of the last progress the agent got before the cancel-result."""
+    stage = ""
+    for envelope in agent.inbox:
+        if envelope["type"] == "capabilities/cancel-result" and envelope["id"] == cancel_id:
+            break
+        if envelope["type"] == "progress":
+            stage = envelope["payload"]["stage"]
+    return stage
 
 
 def main() -> None:
@@ -127,9 +135,9 @@ def main() -> None:
         ),
         STACK.run_dir,
     )  # fmt: skip
-    STACK.start()
-    bare.start(lambda: " ready." in bare.log_text())
     try:
+        STACK.start()
+        bare.start(lambda: " ready." in bare.log_text())
         with Agent(STACK.ws_url) as agent:
             agent.initialize()
             small_calls(agent, 20)  # warm up workers and connections

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from functools import cache
 
 import redis
+import redis.asyncio
 from django.conf import settings
 
 from capabilities.context import JobAborted
@@ -45,6 +48,23 @@ def request_abort(job_id: str) -> None:
     pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
     pipe.publish(settings.ABP["ABORT_CHANNEL"], job_id)
     pipe.execute()
+
+
+_async_clients: dict[int, redis.asyncio.Redis] = {}
+
+
+async def request_abort_async(job_id: str) -> None:
+    """`request_abort` from an event loop (the consumer), without a thread hop."""
+    import asyncio  # noqa: PLC0415
+
+    loop_id = id(asyncio.get_running_loop())
+    client = _async_clients.get(loop_id)
+    if client is None:
+        client = _async_clients[loop_id] = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    pipe = client.pipeline(transaction=False)
+    pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
+    pipe.publish(settings.ABP["ABORT_CHANNEL"], job_id)
+    await pipe.execute()
 
 
 def is_abort_requested(job_id: str) -> bool:
@@ -186,9 +206,9 @@ class AbortWatcher(threading.Thread):
             while not self._stopping.is_set():
                 message = pubsub.get_message(timeout=RERAISE_INTERVAL_SECONDS)
                 if message is not None and message.get("type") == "message":
-                    job_id = message["data"].decode()
-                    if self._interrupter.abort(job_id):
-                        logger.info("Abort heard for running job %s", job_id)
+                    # No logging here: a raise can land while the task's thread holds
+                    # a logging lock, and this thread must never wait on one.
+                    self._interrupter.abort(message["data"].decode())
                 self._interrupter.poke()
         finally:
             pubsub.close()
@@ -203,10 +223,26 @@ class AbortWatcher(threading.Thread):
 _watcher: AbortWatcher | None = None
 
 
+def _quiet_unraisable_aborts(default: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisablehook that drops JobAborted.
+
+    A raise that lands in a destructor (cffi's finalizers in WeasyPrint) is
+    "unraisable": Python prints it and goes on, and the watcher raises again. Printing
+    it would take logging's locks exactly where a raise can land, so it is dropped.
+    """
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is not JobAborted:
+            default(unraisable)
+
+    return hook
+
+
 def start_watcher() -> AbortWatcher:
     """Start this process's watcher once (called in each worker child after fork)."""
     global _watcher  # noqa: PLW0603 - one watcher per process
     if _watcher is None or not _watcher.is_alive():
+        sys.unraisablehook = _quiet_unraisable_aborts(sys.unraisablehook)
         _watcher = AbortWatcher(INTERRUPTER)
         _watcher.start()
     return _watcher

@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from capabilities import jobs, registry, replies, session_store
+from capabilities import aborts, jobs, registry, replies, session_store
 from capabilities.jobs import CallIdInUse
 from capabilities.models import CancelSource, session_group
 from capabilities.protocol import ErrorCode, ProtocolError, WireError, decode
@@ -153,8 +153,10 @@ class ABPConsumer(AsyncWebsocketConsumer):
         if call is None:
             await self.answer_cancel_of_unknown(action)
             return
-        won = await database_sync_to_async(jobs.cancel)(
-            call.job_id, source=CancelSource.AGENT, reason=action.reason
+        # Only the settle is awaited before the confirmation: it decides. The abort
+        # flag goes up right after the two replies, off the reply path.
+        won = await database_sync_to_async(jobs.settle)(
+            call.job_id, jobs.Outcome.cancelled(CancelSource.AGENT, action.reason)
         )
         if won:
             await self.send(
@@ -196,7 +198,7 @@ class ABPConsumer(AsyncWebsocketConsumer):
         if not calls:
             return
         source = CancelSource(action.source)
-        won = await database_sync_to_async(session_store.cancel_calls)(
+        won = await database_sync_to_async(session_store.settle_cancelled)(
             [call.job_id for call in calls], source, action.reason
         )
         for call in calls:
@@ -205,14 +207,9 @@ class ABPConsumer(AsyncWebsocketConsumer):
                     await self.answer_cancelled(call, source)
                 else:
                     self.forget(call.call_id)
+                    await self.stop_work(call.job_id, delivered=False)
             elif connected:
                 await self.deliver(call.call_id)
-        if not connected:
-            asyncio.ensure_future(
-                database_sync_to_async(session_store.after_cancel)(
-                    [c.job_id for c in calls if won[c.job_id]], False
-                )
-            )
 
     async def answer_cancelled(self, call: InFlight, source: CancelSource) -> None:
         """Send the cancelled call-result of a call whose cancel this consumer won."""
@@ -229,8 +226,13 @@ class ABPConsumer(AsyncWebsocketConsumer):
             )
         )
         self.forget(call.call_id)
+        await self.stop_work(call.job_id, delivered=True)
+
+    async def stop_work(self, job_id: str, *, delivered: bool) -> None:
+        """After a cancel this consumer won: raise the abort flag, then revoke."""
+        await aborts.request_abort_async(job_id)
         asyncio.ensure_future(
-            database_sync_to_async(session_store.after_cancel)([call.job_id], True)
+            database_sync_to_async(session_store.after_cancel)(job_id, delivered=delivered)
         )
 
     async def on_timeout(self, call_id: str) -> None:
@@ -238,8 +240,8 @@ class ABPConsumer(AsyncWebsocketConsumer):
             call = self.session.in_flight(call_id)
             if call is None:
                 return
-            won = await database_sync_to_async(jobs.cancel)(
-                call.job_id, source=CancelSource.TIMEOUT, reason="options.timeout"
+            won = await database_sync_to_async(jobs.settle)(
+                call.job_id, jobs.Outcome.cancelled(CancelSource.TIMEOUT, "options.timeout")
             )
             if won:
                 await self.answer_cancelled(call, CancelSource.TIMEOUT)

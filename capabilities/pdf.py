@@ -1,9 +1,8 @@
 """The `export.pdf` runner: HTML in, a PDF file out, rendered by WeasyPrint.
 
-WeasyPrint (and the fetcher built on it) is imported when a render runs, not with
-this module: the web process reads the schemas here without loading it. Progress,
-the page limit and cancellation ride on WeasyPrint's progress log, the only hook it
-has inside layout: a handler raising there stops the render.
+Progress, the page limit and cancellation ride on WeasyPrint's progress log, the
+only hook it has inside layout: a handler raising there stops the render. Only
+workers import this module (the schemas live in `pdf_spec`).
 """
 
 from __future__ import annotations
@@ -16,104 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import weasyprint
 from django.conf import settings
 
 from capabilities.context import CapabilityError, JobContext
+from capabilities.fetcher import URLFetchFailed, URLNotAllowed, fetcher_from_settings
+from capabilities.pdf_spec import DEFAULT_FILENAME, MARGIN_PATTERN, PAGE_SIZES
 from capabilities.protocol.errors import ErrorCode
-
-DESCRIPTION = (
-    "Render an HTML document (with its CSS, print media) to a PDF. Relative URLs do not "
-    "resolve; images, stylesheets and fonts load from data: URLs, or over http(s) from "
-    "the server's allow-listed hosts only. Reports progress page by page; cancellable."
-)
-
-_LENGTH = r"(0|[0-9]{1,4}(\.[0-9]{1,3})?(mm|cm|in|pt|pc|px))"
-# One to four lengths, as in the CSS `margin` shorthand. The value is written into CSS.
-MARGIN_PATTERN = rf"^{_LENGTH}( {_LENGTH}){{0,3}}$"
-PAGE_SIZES = ("a4", "letter", "legal")
-DEFAULT_FILENAME = "document.pdf"
-
-INPUT_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "properties": {
-        "html": {"type": "string", "description": "The HTML document."},
-        "content": {"type": "string", "description": "An alias of html."},
-        "options": {
-            "type": "object",
-            "properties": {
-                "pageSize": {
-                    "type": "string",
-                    "pattern": "^([aA]4|[lL][eE][tT][tT][eE][rR]|[lL][eE][gG][aA][lL])$",
-                    "description": "a4, letter or legal, in any case. Default a4.",
-                },
-                "landscape": {"type": "boolean", "default": False},
-                "margin": {
-                    "type": "string",
-                    "pattern": MARGIN_PATTERN,
-                    "description": "Page margin: one to four CSS lengths, e.g. '20mm'.",
-                },
-                "headerText": {
-                    "type": "string",
-                    "maxLength": 500,
-                    "description": "Text printed at the top of every page.",
-                },
-                "filename": {
-                    "type": "string",
-                    "maxLength": 255,
-                    "description": "The file name; made a safe *.pdf basename.",
-                    "default": DEFAULT_FILENAME,
-                },
-            },
-            "additionalProperties": False,
-        },
-    },
-    "additionalProperties": False,
-    # Exactly one of html and content; written as if/then/else so that neither reads
-    # as a missing `html` rather than as a failed alternative.
-    "if": {"not": {"required": ["content"]}},
-    "then": {"required": ["html"]},
-    "else": {"not": {"required": ["html"]}},
-}
-
-_FILE_COMMON: dict[str, Any] = {
-    "mimeType": {"const": "application/pdf"},
-    "size": {"type": "integer", "minimum": 0, "description": "Bytes."},
-    "filename": {"type": "string"},
-}
-OUTPUT_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "properties": {
-        "document": {
-            "oneOf": [
-                {
-                    "title": "BinaryData",
-                    "type": "object",
-                    "properties": {
-                        "content": {"type": "string", "contentEncoding": "base64"},
-                        "encoding": {"const": "base64"},
-                        **_FILE_COMMON,
-                    },
-                    "required": ["content", "mimeType", "encoding", "size", "filename"],
-                },
-                {
-                    "title": "Download reference, for a PDF too large to inline",
-                    "type": "object",
-                    "properties": {
-                        "downloadUrl": {"type": "string", "format": "uri"},
-                        "expiresAt": {"type": "string", "format": "date-time"},
-                        **_FILE_COMMON,
-                    },
-                    "required": ["downloadUrl", "mimeType", "size", "filename", "expiresAt"],
-                },
-            ]
-        },
-        "pageCount": {"type": "integer", "minimum": 1},
-    },
-    "required": ["document", "pageCount"],
-}
-
 
 def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Render the HTML to PDF, save it through `ctx`, and return the result data."""
@@ -268,15 +176,6 @@ _PROGRESS_LOG = _ProgressLog()
 
 
 def _render(html: str, stylesheet: str, ctx: JobContext) -> tuple[bytes, int]:
-    # Imported here: see the module docstring.
-    import weasyprint  # noqa: PLC0415
-
-    from capabilities.fetcher import (  # noqa: PLC0415
-        URLFetchFailed,
-        URLNotAllowed,
-        fetcher_from_settings,
-    )
-
     max_pages: int = settings.ABP["MAX_PDF_PAGES"]
     fetcher = fetcher_from_settings()
     try:
@@ -300,3 +199,12 @@ def _render(html: str, stylesheet: str, ctx: JobContext) -> tuple[bytes, int]:
             f"Fetching {error.url} failed: {error.reason}.",
             details={"url": error.url},
         ) from error
+
+
+def warm_up() -> None:
+    """Render a tiny document once, so the first job of a worker is not the slow one.
+
+    Called in the worker's main process before it forks its pool: fontconfig's and
+    WeasyPrint's start-up work is then shared by every child.
+    """
+    weasyprint.HTML(string="<p>warm-up</p>").write_pdf()

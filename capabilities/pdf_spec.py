@@ -1,12 +1,114 @@
-"""The export.pdf capability as agents see it (WeasyPrint itself loads only in workers)."""
+"""The export.pdf capability as agents see it: name, description, JSON Schemas.
 
-from capabilities import pdf
+Kept apart from the runner (`capabilities.pdf`), so the web process, which reads
+the schemas, never loads WeasyPrint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
 from capabilities.registry import CapabilitySpec
+
+DESCRIPTION = (
+    "Render an HTML document (with its CSS, print media) to a PDF. Relative URLs do not "
+    "resolve; images, stylesheets and fonts load from data: URLs, or over http(s) from "
+    "the server's allow-listed hosts only. Reports progress page by page; cancellable."
+)
+
+_LENGTH = r"(0|[0-9]{1,4}(\.[0-9]{1,3})?(mm|cm|in|pt|pc|px))"
+# One to four lengths, as in the CSS `margin` shorthand. The value is written into CSS.
+MARGIN_PATTERN = rf"^{_LENGTH}( {_LENGTH}){{0,3}}$"
+PAGE_SIZES = ("a4", "letter", "legal")
+DEFAULT_FILENAME = "document.pdf"
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "html": {"type": "string", "description": "The HTML document."},
+        "content": {"type": "string", "description": "An alias of html."},
+        "options": {
+            "type": "object",
+            "properties": {
+                "pageSize": {
+                    "type": "string",
+                    "pattern": "^([aA]4|[lL][eE][tT][tT][eE][rR]|[lL][eE][gG][aA][lL])$",
+                    "description": "a4, letter or legal, in any case. Default a4.",
+                },
+                "landscape": {"type": "boolean", "default": False},
+                "margin": {
+                    "type": "string",
+                    "pattern": MARGIN_PATTERN,
+                    "description": "Page margin: one to four CSS lengths, e.g. '20mm'.",
+                },
+                "headerText": {
+                    "type": "string",
+                    "maxLength": 500,
+                    "description": "Text printed at the top of every page.",
+                },
+                "filename": {
+                    "type": "string",
+                    "maxLength": 255,
+                    "description": "The file name; made a safe *.pdf basename.",
+                    "default": DEFAULT_FILENAME,
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+    # Exactly one of html and content; written as if/then/else so that neither reads
+    # as a missing `html` rather than as a failed alternative.
+    "if": {"not": {"required": ["content"]}},
+    "then": {"required": ["html"]},
+    "else": {"not": {"required": ["html"]}},
+}
+
+_FILE_COMMON: dict[str, Any] = {
+    "mimeType": {"const": "application/pdf"},
+    "size": {"type": "integer", "minimum": 0, "description": "Bytes."},
+    "filename": {"type": "string"},
+}
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "document": {
+            "oneOf": [
+                {
+                    "title": "BinaryData",
+                    "type": "object",
+                    "properties": {
+                        "content": {"type": "string", "contentEncoding": "base64"},
+                        "encoding": {"const": "base64"},
+                        **_FILE_COMMON,
+                    },
+                    "required": ["content", "mimeType", "encoding", "size", "filename"],
+                },
+                {
+                    "title": "Download reference, for a PDF too large to inline",
+                    "type": "object",
+                    "properties": {
+                        "downloadUrl": {"type": "string", "format": "uri"},
+                        "expiresAt": {"type": "string", "format": "date-time"},
+                        **_FILE_COMMON,
+                    },
+                    "required": ["downloadUrl", "mimeType", "size", "filename", "expiresAt"],
+                },
+            ]
+        },
+        "pageCount": {"type": "integer", "minimum": 1},
+    },
+    "required": ["document", "pageCount"],
+}
+
 
 SPEC = CapabilitySpec(
     name="export.pdf",
-    description=pdf.DESCRIPTION,
-    input_schema=pdf.INPUT_SCHEMA,
-    output_schema=pdf.OUTPUT_SCHEMA,
+    description=DESCRIPTION,
+    input_schema=INPUT_SCHEMA,
+    output_schema=OUTPUT_SCHEMA,
     runner="capabilities.pdf.run",
+    warm_up="capabilities.pdf.warm_up",
 )

@@ -33,6 +33,8 @@ class CapabilitySpec:
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
     runner: str
+    # Optional: a function the worker calls once before forking (imports, caches).
+    warm_up: str | None = None
 
     def describe(self) -> dict[str, Any]:
         """The manifest entry."""
@@ -53,6 +55,12 @@ class CapabilitySpec:
     def load_runner(self) -> Runner:
         """Import the runner (in the worker)."""
         return cast(Runner, import_string(self.runner))
+
+    def prepare(self) -> None:
+        """Import the runner and run its warm-up, if any (worker start)."""
+        self.load_runner()
+        if self.warm_up is not None:
+            import_string(self.warm_up)()
 
 
 @functools.cache

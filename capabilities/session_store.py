@@ -42,14 +42,14 @@ def settled_response(job_id: str) -> dict[str, Any] | None:
     return results.call_response(job)
 
 
-def cancel_calls(job_ids: list[str], source: CancelSource, reason: str) -> dict[str, bool]:
-    """Cancel several jobs (shutdown, disconnect); which cancels won."""
-    return {job_id: jobs.cancel(job_id, source=source, reason=reason) for job_id in job_ids}
+def settle_cancelled(job_ids: list[str], source: CancelSource, reason: str) -> dict[str, bool]:
+    """Settle several jobs as cancelled (shutdown, disconnect); which settles won."""
+    outcome = jobs.Outcome.cancelled(source, reason)
+    return {job_id: jobs.settle(job_id, outcome) for job_id in job_ids}
 
 
-def after_cancel(job_ids: list[str], delivered: bool) -> None:
-    """Off the reply path: revoke the tasks and record delivery."""
-    for job_id in job_ids:
-        jobs.revoke(job_id)
-        if delivered:
-            jobs.mark_delivered(job_id)
+def after_cancel(job_id: str, *, delivered: bool) -> None:
+    """Off the reply path: revoke the task and record delivery."""
+    jobs.revoke(job_id)
+    if delivered:
+        jobs.mark_delivered(job_id)

@@ -7,9 +7,9 @@ import os
 from typing import Any
 
 from celery import shared_task
-from celery.signals import task_revoked, worker_process_init
+from celery.signals import task_revoked, worker_init, worker_process_init
 
-from capabilities import aborts, jobs, reaper, worker
+from capabilities import aborts, jobs, reaper, registry, worker
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +24,14 @@ def run_job(self: Any, job_id: str) -> None:
 def reap() -> None:
     """End what nobody else ended: overdue jobs, workers that ignore a cancel."""
     reaper.reap()
+
+
+@worker_init.connect
+def _prepare_runners(**_: Any) -> None:
+    # Before the pool forks: runners and their libraries load once, shared by every
+    # child, and no job is cancelled halfway through an import.
+    for spec in registry.all_specs():
+        spec.prepare()
 
 
 @worker_process_init.connect

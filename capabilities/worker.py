@@ -109,6 +109,8 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
         outcome = _run(job, context, interrupter)
     except JobAborted:
         logger.info("Job %s stopped on cancel", job_id)
+        # A raise may land after the work returned or failed: the job was
+        # cancelled either way, and its outcome is already settled.
     except SoftTimeLimitExceeded:
         outcome = jobs.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
     finally:

@@ -15,7 +15,7 @@ from django.test import override_settings
 from jsonschema import Draft202012Validator
 from pypdf import PdfReader
 
-from capabilities import pdf
+from capabilities import pdf, pdf_spec
 from capabilities.context import CapabilityError, JobAborted
 from tests.support.context import RecordingContext
 
@@ -311,13 +311,13 @@ def test_data_urls_render(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(render({"html": html}).pages) == 1
 
 
-INPUT_VALIDATOR = Draft202012Validator(pdf.INPUT_SCHEMA)
-OUTPUT_VALIDATOR = Draft202012Validator(pdf.OUTPUT_SCHEMA)
+INPUT_VALIDATOR = Draft202012Validator(pdf_spec.INPUT_SCHEMA)
+OUTPUT_VALIDATOR = Draft202012Validator(pdf_spec.OUTPUT_SCHEMA)
 
 
 def test_schemas_are_draft_2020_12() -> None:
-    Draft202012Validator.check_schema(pdf.INPUT_SCHEMA)
-    Draft202012Validator.check_schema(pdf.OUTPUT_SCHEMA)
+    Draft202012Validator.check_schema(pdf_spec.INPUT_SCHEMA)
+    Draft202012Validator.check_schema(pdf_spec.OUTPUT_SCHEMA)
 
 
 @pytest.mark.parametrize(
