@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
 from functools import cache
 
 import redis
@@ -26,9 +28,12 @@ from capabilities.context import JobAborted
 
 logger = logging.getLogger(__name__)
 
-# How often the watcher raises again into a task that is still inside an
-# interruptible section (the first raise can land where it is caught and dropped).
-RERAISE_INTERVAL_SECONDS = 0.02
+T = TypeVar("T")
+
+# While a job is aborted but still running, the watcher raises again this often;
+# otherwise it wakes only to notice it should stop.
+RERAISE_INTERVAL_SECONDS = 0.005
+IDLE_WAKE_SECONDS = 1.0
 
 
 @cache
@@ -76,13 +81,18 @@ class Interrupter:
     """The job a worker process is running, and the means to stop it.
 
     One per process: a prefork child runs one task at a time in its main thread.
+    Raising into a thread is only safe in the work itself, so a raise happens only
+    while `run` is on that thread's stack, outside `shielded` sections, and not
+    while the thread is inside code where an exception would break a lock or an
+    import (logging, threading, importlib). The watcher retries until one lands.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._job_id: str | None = None
         self._thread_id: int | None = None
-        self._interruptible = False
+        self._window: FrameType | None = None
+        self._shielded = 0
         self._aborted = threading.Event()
 
     @property
@@ -102,7 +112,7 @@ class Interrupter:
         with self._lock:
             self._job_id = None
             self._thread_id = None
-            self._interruptible = False
+            self._window = None
             self._aborted.clear()
 
     @property
@@ -125,48 +135,80 @@ class Interrupter:
             return True
 
     def poke(self) -> None:
-        """Raise again into a job that was aborted and is still inside its work."""
+        """Raise again into a job that was aborted and is still inside its work.
+
+        A raise can be swallowed (a destructor, an `except BaseException`), or be
+        held back while the thread was somewhere unsafe: retried until the work ends.
+        """
         with self._lock:
             if self._aborted.is_set():
                 self._raise_locked()
 
     def _raise_locked(self) -> None:
-        if self._interruptible and self._thread_id is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(self._thread_id), ctypes.py_object(JobAborted)
-            )
+        if self._window is None or self._shielded or self._thread_id is None:
+            return
+        frame = sys._current_frames().get(self._thread_id)
+        if frame is None or not _safe_to_raise(frame, self._window):
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self._thread_id), ctypes.py_object(JobAborted)
+        )
 
-    @contextmanager
-    def interruptible(self) -> Iterator[None]:
-        """Mark the runner's work: JobAborted may be raised into it at any bytecode."""
-        self._set_interruptible(True)
+    def run(self, work: Callable[[], T]) -> T:
+        """Run the job's work: JobAborted may be raised into it from now on."""
+        self.checkpoint()
+        with self._lock:
+            self._window = sys._getframe()
         try:
-            self.checkpoint()
-            yield
+            return work()
         finally:
-            self._set_interruptible(False)
+            with self._lock:
+                self._window = None
+                self._clear_pending_locked()
 
     @contextmanager
     def shielded(self) -> Iterator[None]:
         """Hold off raising while the job's own bookkeeping (DB, storage) runs."""
-        was = self._interruptible
-        self._set_interruptible(False)
+        with self._lock:
+            self._shielded += 1
+            self._clear_pending_locked()
         try:
             yield
         finally:
-            self._set_interruptible(was)
-        if was:
-            self.checkpoint()
+            with self._lock:
+                self._shielded -= 1
+        self.checkpoint()
 
-    def _set_interruptible(self, value: bool) -> None:
-        with self._lock:
-            self._interruptible = value
-            if not value and self._thread_id is not None:
-                # Drop an exception raised but not yet delivered: it must not fire
-                # outside the work it was meant to stop.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self._thread_id), None
-                )
+    def _clear_pending_locked(self) -> None:
+        # Drop an exception raised but not delivered yet: it must not fire outside
+        # the work it was meant to stop.
+        if self._thread_id is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
+
+# Where an exception raised from outside breaks more than the work: between a lock's
+# acquire() and its try (logging), inside threading primitives, or halfway through
+# an import.
+_UNSAFE_FILES = (
+    f"{os.sep}logging{os.sep}",
+    f"{os.sep}threading.py",
+    f"{os.sep}queue.py",
+    "<frozen importlib",
+    __file__,
+)
+
+
+def _safe_to_raise(frame: FrameType, window: FrameType) -> bool:
+    """Whether the thread at `frame` is inside the work window, at a safe spot."""
+    filename = frame.f_code.co_filename
+    if any(part in filename for part in _UNSAFE_FILES):
+        return False
+    current: FrameType | None = frame
+    while current is not None:
+        if current is window:
+            return True
+        current = current.f_back
+    return False
 
 
 INTERRUPTER = Interrupter()
@@ -204,7 +246,8 @@ class AbortWatcher(threading.Thread):
             # A flag raised while we were not subscribed was not heard: look at it.
             self._recheck()
             while not self._stopping.is_set():
-                message = pubsub.get_message(timeout=RERAISE_INTERVAL_SECONDS)
+                wait = RERAISE_INTERVAL_SECONDS if self._interrupter.aborted else IDLE_WAKE_SECONDS
+                message = pubsub.get_message(timeout=wait)
                 if message is not None and message.get("type") == "message":
                     # No logging here: a raise can land while the task's thread holds
                     # a logging lock, and this thread must never wait on one.

@@ -301,4 +301,4 @@ class ABPConsumer(AsyncWebsocketConsumer):
 
     async def job_settled(self, event: dict[str, Any]) -> None:
         async with self.serial:
-            await self.deliver(event["call_id"])
+            await self.deliver(event["call_id"], event.get("response"))

@@ -122,8 +122,12 @@ def _enqueue(job: Job) -> None:
     )
 
 
-def settle(job_id: uuid.UUID | str, outcome: Outcome) -> bool:
-    """Write an outcome if the job is still active; True if this call decided it."""
+def settle(job_id: uuid.UUID | str, outcome: Outcome, *, work_stopped: bool = False) -> bool:
+    """Write an outcome if the job is still active; True if this call decided it.
+
+    `work_stopped`: the caller is the worker, done with the work, so the same write
+    records when it stopped.
+    """
     now = timezone.now()
     error = outcome.error
     updated = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).update(
@@ -138,7 +142,9 @@ def settle(job_id: uuid.UUID | str, outcome: Outcome) -> bool:
         cancel_source=outcome.cancel_source or "",
         cancel_reason=outcome.cancel_reason,
         # Work that never started stopped when it was settled.
-        stopped_at=Case(When(status=JobStatus.QUEUED, then=Value(now)), default=F("stopped_at")),
+        stopped_at=Value(now)
+        if work_stopped
+        else Case(When(status=JobStatus.QUEUED, then=Value(now)), default=F("stopped_at")),
     )
     if not updated:
         logger.debug("Outcome %s for job %s dropped: already settled", outcome.status, job_id)

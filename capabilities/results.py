@@ -7,14 +7,20 @@ reference in their data; here it becomes inline base64 (BinaryData).
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from django.core.files.storage import default_storage
+from django.utils import timezone
 
 from capabilities.models import Job, JobStatus
 from capabilities.protocol import WireError
 
 FILE_REF_KEY = "$file"
+# A settled note may carry its call's whole response up to this size (JSON bytes):
+# the consumer then answers without reading the DB. Larger ones, and any with
+# files, are read by the consumer.
+NOTE_RESPONSE_MAX_BYTES = 16 * 1024
 
 
 def call_response(job: Job) -> dict[str, Any]:
@@ -30,6 +36,28 @@ def call_response(job: Job) -> dict[str, Any]:
     response["error"] = job_error(job).to_json()
     if job.status == JobStatus.CANCELLED:
         response["cancelled"] = True
+    return response
+
+
+def inline_response(job: Job, outcome: Any) -> dict[str, Any] | None:
+    """The response of a job the worker just settled, if small and file-free."""
+    if outcome.result is not None and any(_is_file_ref(v) for v in outcome.result.values()):
+        return None
+    settled = Job(
+        call_id=job.call_id,
+        status=outcome.status,
+        result=outcome.result,
+        created_at=job.created_at,
+        settled_at=timezone.now(),
+    )
+    if outcome.error is not None:
+        settled.error_code = outcome.error.code
+        settled.error_message = outcome.error.message
+        settled.error_retryable = bool(outcome.error.to_json()["retryable"])
+        settled.error_details = outcome.error.details
+    response = call_response(settled)
+    if len(json.dumps(response)) > NOTE_RESPONSE_MAX_BYTES:
+        return None
     return response
 
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from capabilities import aborts, jobs, registry
+from capabilities import aborts, jobs, registry, results
 from capabilities.context import CapabilityError, JobAborted
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.notifier import notify
@@ -104,24 +104,25 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
     session_id = str(job.session_id)
     notify(session_id, {"type": "job.started", "call_id": job.call_id})
     context = WorkerContext(job, interrupter)
-    outcome: jobs.Outcome | None = None
     try:
         outcome = _run(job, context, interrupter)
     except JobAborted:
+        # Raised at a checkpoint or into the thread: the cancel already settled it.
+        jobs.record_stopped(job_id)
+        context.discard_files()
         logger.info("Job %s stopped on cancel", job_id)
-        # A raise may land after the work returned or failed: the job was
-        # cancelled either way, and its outcome is already settled.
+        return
     except SoftTimeLimitExceeded:
         outcome = jobs.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
-    finally:
-        jobs.record_stopped(job_id)
-    if outcome is None:
-        context.discard_files()
-        return
-    if jobs.settle(job_id, outcome):
+    if jobs.settle(job_id, outcome, work_stopped=True):
+        note = {"type": "job.settled", "call_id": job.call_id}
+        response = results.inline_response(job, outcome)
+        if response is not None:
+            note["response"] = response
         # Wait for the note to leave, so a child recycled right after cannot lose it.
-        notify(session_id, {"type": "job.settled", "call_id": job.call_id}, wait=NOTE_FLUSH_SECONDS)
+        notify(session_id, note, wait=NOTE_FLUSH_SECONDS)
     else:
+        jobs.record_stopped(job_id)
         context.discard_files()
 
 
@@ -133,8 +134,7 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
         )
     runner = spec.load_runner()
     try:
-        with interrupter.interruptible():
-            data = runner(job.params, context)
+        data = interrupter.run(lambda: runner(job.params, context))
     except CapabilityError as exc:
         return jobs.Outcome.failed(
             WireError(
