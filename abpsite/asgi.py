@@ -18,7 +18,6 @@ from capabilities.routing import websocket_urlpatterns  # noqa: E402
 from capabilities.security import browser_origin_validator  # noqa: E402
 
 
-
 def _close_oversized_frames_with_1009() -> None:
     """Make Daphne answer a frame over its size limit with close code 1009.
 

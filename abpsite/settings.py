@@ -45,7 +45,7 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off.")
-    SECRET_KEY = "django-insecure-development-only-key"  # noqa: S105 - DEBUG only
+    SECRET_KEY = "django-insecure-development-only-key"
 
 ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
 
@@ -93,7 +93,7 @@ TEMPLATES = [
 # otherwise. Connections are kept open: Channels' database_sync_to_async closes
 # connections older than CONN_MAX_AGE around every call, and reopening SQLite (and
 # re-running its PRAGMAs) on each cancel would cost more than the cancel itself.
-DATABASES: dict[str, dict[str, Any]] = {
+DATABASES: dict[str, Any] = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
         conn_max_age=None,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import environment  # noqa: E402
-from tests.support.stack import ManagedProcess, python_tool  # noqa: E402
+from tests.support import environment
+from tests.support.stack import ManagedProcess, python_tool
 
 STACK = environment.prepare("abp-bench-")
 
@@ -60,7 +60,7 @@ def small_calls(agent: Agent, n: int) -> list[float]:
 
 
 def bare_celery_calls(n: int) -> list[float]:
-    from bench.bare_celery import echo  # noqa: PLC0415
+    from bench.bare_celery import echo
 
     times = []
     for _ in range(n):
@@ -79,12 +79,8 @@ def cancels(
     for i in range(n):
         call_id = f"{capability}-{i}"
         call = agent.call(capability, params, call_id=call_id, progress_token=call_id)
-        eventually(
-            lambda: Job.objects.filter(
-                session_id=agent.session_id, call_id=call_id, status=JobStatus.RUNNING
-            ).exists(),
-            interval=0.002,
-        )
+        jobs = Job.objects.filter(session_id=agent.session_id, call_id=call_id)
+        eventually(jobs.filter(status=JobStatus.RUNNING).exists, interval=0.002)
         # Let the work get somewhere: from its first instructions to deep in layout.
         time.sleep(rng.uniform(0, 0.25))
         wall = time.time()
@@ -98,12 +94,7 @@ def cancels(
             continue  # finished before the cancel: no stop to measure
         if _stage_when_cancelled(agent, cancel) == "layout":
             mid_layout += 1
-        job = eventually(
-            lambda: Job.objects.filter(
-                session_id=agent.session_id, call_id=call_id, stopped_at__isnull=False
-            ).first(),
-            timeout=15,
-        )
+        job = eventually(jobs.filter(stopped_at__isnull=False).first, timeout=15)
         assert job.stopped_at is not None
         to_stop.append((job.stopped_at.timestamp() - wall) * 1000)
         agent.inbox.clear()
@@ -152,6 +143,7 @@ def main() -> None:
     finally:
         bare.stop()
         STACK.stop()
+        STACK.remove_files()
 
     ping_p50 = stats.summary(pings)["p50"]
     frame_p50 = stats.summary(frames)["p50"]

@@ -9,6 +9,7 @@ checkpoints (the way Celery's SIGUSR1 soft time limit raises into a task).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
@@ -16,9 +17,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from types import FrameType
 from typing import Any, TypeVar
-from functools import cache
 
 import redis
 import redis.asyncio
@@ -60,8 +61,6 @@ _async_clients: dict[int, redis.asyncio.Redis] = {}
 
 async def request_abort_async(job_id: str) -> None:
     """`request_abort` from an event loop (the consumer), without a thread hop."""
-    import asyncio  # noqa: PLC0415
-
     loop_id = id(asyncio.get_running_loop())
     client = _async_clients.get(loop_id)
     if client is None:
@@ -239,7 +238,7 @@ class AbortWatcher(threading.Thread):
 
     def _listen(self, channel: str) -> None:
         client = redis.Redis.from_url(settings.REDIS_URL)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(channel)
             self.subscribed.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -51,7 +52,7 @@ def _capability_names() -> list[str]:
     return [spec.name for spec in registry.all_specs()]
 
 
-class ABPConsumer(AsyncWebsocketConsumer):
+class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     """One agent connection speaking the ABP envelope."""
 
     async def connect(self) -> None:
@@ -59,6 +60,7 @@ class ABPConsumer(AsyncWebsocketConsumer):
         self.serial = asyncio.Lock()
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.started: dict[str, float] = {}
+        self.background: set[asyncio.Future[Any]] = set()
         self.group: str | None = None
         await self.accept()
 
@@ -231,7 +233,7 @@ class ABPConsumer(AsyncWebsocketConsumer):
     async def stop_work(self, job_id: str, *, delivered: bool) -> None:
         """After a cancel this consumer won: raise the abort flag, then revoke."""
         await aborts.request_abort_async(job_id)
-        asyncio.ensure_future(
+        self.in_background(
             database_sync_to_async(session_store.after_cancel)(job_id, delivered=delivered)
         )
 
@@ -260,7 +262,13 @@ class ABPConsumer(AsyncWebsocketConsumer):
         await self.notify_completed(call_id)
         await self.send(text_data=replies.call_result(call.request_id, response))
         self.forget(call_id)
-        asyncio.ensure_future(database_sync_to_async(jobs.mark_delivered)(call.job_id))
+        self.in_background(database_sync_to_async(jobs.mark_delivered)(call.job_id))
+
+    def in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run bookkeeping that no reply waits for; keep a reference until it ends."""
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     def forget(self, call_id: str) -> None:
         timer = self.timers.pop(call_id, None)

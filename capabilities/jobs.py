@@ -9,6 +9,7 @@ the reaper and the admin all settle through `settle`. A loser does nothing visib
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -117,8 +118,9 @@ def _enqueue(job: Job) -> None:
         # Backstops behind the consumer's timer and the reaper: a queued task past its
         # deadline is dropped by the worker, a running one gets the soft limit raised.
         expires=job.deadline,
-        soft_time_limit=remaining,
-        time_limit=remaining + grace,
+        # Whole seconds, rounded up: the precise deadline is the consumer's and the reaper's.
+        soft_time_limit=math.ceil(remaining),
+        time_limit=math.ceil(remaining + grace),
     )
 
 
@@ -174,9 +176,7 @@ def mark_delivered(job_id: uuid.UUID | str) -> None:
     Job.objects.filter(pk=job_id, delivered_at__isnull=True).update(delivered_at=timezone.now())
 
 
-def cancel(
-    job_id: uuid.UUID | str, *, source: CancelSource, reason: str = ""
-) -> bool:
+def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:
     """Settle as cancelled and raise the abort flag; True if the cancel won.
 
     The caller tells the agent, then calls `revoke`: the flag alone already keeps a
@@ -200,7 +200,7 @@ def revoke(job_id: uuid.UUID | str, *, kill: bool = False) -> None:
 
 def find_call(session_id: uuid.UUID | str, call_id: str) -> Job | None:
     """A session's job by callId; never another session's."""
-    return Job.objects.filter(session_id=session_id, call_id=call_id).first()
+    return Job.objects.filter(session_id=uuid.UUID(str(session_id)), call_id=call_id).first()
 
 
 def cancel_and_notify(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:

@@ -86,9 +86,7 @@ class Job(models.Model):
     params = models.JSONField(default=dict)
     progress_token = models.JSONField(null=True, blank=True)
 
-    status = models.CharField(
-        max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED
-    )
+    status = models.CharField(max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED)
     progress = models.FloatField(null=True, blank=True)
     progress_total = models.FloatField(null=True, blank=True)
     stage = models.CharField(max_length=100, blank=True)

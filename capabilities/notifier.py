@@ -57,7 +57,9 @@ class Notifier:
         done: Future[None] = Future()
         queue = self._queue
         assert queue is not None
-        self._loop.call_soon_threadsafe(queue.put_nowait, (session_group(session_id), message, done))
+        self._loop.call_soon_threadsafe(
+            queue.put_nowait, (session_group(session_id), message, done)
+        )
         return done
 
 

@@ -23,6 +23,7 @@ from capabilities.fetcher import URLFetchFailed, URLNotAllowed, fetcher_from_set
 from capabilities.pdf_spec import DEFAULT_FILENAME, MARGIN_PATTERN, PAGE_SIZES
 from capabilities.protocol.errors import ErrorCode
 
+
 def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Render the HTML to PDF, save it through `ctx`, and return the result data."""
     html = _html(params)

@@ -66,9 +66,7 @@ def notification(event: str, data: dict[str, Any]) -> str:
     return encode(MessageType.NOTIFICATION, {"event": event, "data": data})
 
 
-def progress(
-    operation_id: str | int, *, progress: float, total: float | None, stage: str
-) -> str:
+def progress(operation_id: str | int, *, progress: float, total: float | None, stage: str) -> str:
     """`progress` for a call that asked for it with a progressToken."""
     percentage = round(100.0 * progress / total, 1) if total else None
     return encode(

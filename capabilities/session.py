@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from capabilities import replies
 from capabilities.protocol import (
     PROTOCOL_VERSION,
     CallRequest,
@@ -27,7 +28,6 @@ from capabilities.protocol import (
     Shutdown,
     WireError,
 )
-from capabilities import replies
 
 
 class SessionState(Enum):

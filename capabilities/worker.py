@@ -115,7 +115,7 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
     except SoftTimeLimitExceeded:
         outcome = jobs.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
     if jobs.settle(job_id, outcome, work_stopped=True):
-        note = {"type": "job.settled", "call_id": job.call_id}
+        note: dict[str, Any] = {"type": "job.settled", "call_id": job.call_id}
         response = results.inline_response(job, outcome)
         if response is not None:
             note["response"] = response
@@ -155,4 +155,3 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
     # A cancel that landed after the runner returned is honoured by settle(), which
     # it lost to; the flag only matters for work still to do.
     return jobs.Outcome.succeeded(data)
-

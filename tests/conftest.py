@@ -26,6 +26,7 @@ def stack() -> Iterator[Stack]:
     finally:
         STACK.stop()
         _keep_logs(STACK)
+        STACK.remove_files()
 
 
 def _keep_logs(running: Stack) -> None:

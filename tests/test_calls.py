@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 
@@ -11,7 +11,7 @@ from capabilities import jobs
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.stack import Stack
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, seconds_between
 
 
 @pytest.fixture
@@ -49,8 +49,6 @@ def test_export_pdf_returns_inline_document(agent: Agent) -> None:
     assert document["mimeType"] == "application/pdf"
     assert document["encoding"] == "base64"
     assert document["filename"].endswith(".pdf")
-    import base64
-
     pdf = base64.b64decode(document["content"])
     assert pdf.startswith(b"%PDF-")
     assert document["size"] == len(pdf)
@@ -90,7 +88,8 @@ def test_crash_is_reported_without_traceback(agent: Agent) -> None:
     call = agent.call("test.sleep", {"steps": 1, "mode": "crash"}, call_id="crash")
     payload = agent.result_of(call)["payload"]
     assert payload["error"]["code"] == "OPERATION_FAILED"
-    assert "Traceback" not in str(payload) and "asked to crash" not in str(payload)
+    assert "Traceback" not in str(payload)
+    assert "asked to crash" not in str(payload)
     job = Job.objects.get(session_id=agent.session_id, call_id="crash")
     assert "asked to crash" in job.error_traceback
 
@@ -104,9 +103,7 @@ def test_params_are_validated_before_a_job_exists(agent: Agent) -> None:
     assert agent.result_of(missing)["payload"]["error"]["code"] == "MISSING_PARAM"
     unknown = agent.call("no.such.thing", {}, call_id="bad-unknown")
     assert agent.result_of(unknown)["payload"]["error"]["code"] == "UNKNOWN_CAPABILITY"
-    assert not Job.objects.filter(
-        session_id=agent.session_id, call_id__startswith="bad-"
-    ).exists()
+    assert not Job.objects.filter(session_id=agent.session_id, call_id__startswith="bad-").exists()
 
 
 def test_reusing_a_call_id_is_invalid(agent: Agent) -> None:
@@ -121,9 +118,7 @@ def test_reusing_a_call_id_is_invalid(agent: Agent) -> None:
 
 
 def test_timeout_ends_the_call_as_cancelled(agent: Agent) -> None:
-    call = agent.call(
-        "test.sleep", {"steps": 500, "stepMs": 20}, call_id="slow", timeout_ms=300
-    )
+    call = agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id="slow", timeout_ms=300)
     payload = agent.result_of(call)["payload"]
     assert payload["cancelled"] is True
     assert payload["error"]["code"] == "TIMEOUT"
@@ -134,7 +129,7 @@ def test_timeout_ends_the_call_as_cancelled(agent: Agent) -> None:
         ).first()
     )
     assert job.cancel_source == CancelSource.TIMEOUT
-    assert 0.25 < (job.settled_at - job.created_at).total_seconds() < 2
+    assert 0.25 < seconds_between(job.created_at, job.settled_at) < 2
 
 
 def test_timeout_is_enforced_without_any_agent(stack: Stack) -> None:
@@ -156,4 +151,4 @@ def test_timeout_is_enforced_without_any_agent(stack: Stack) -> None:
     assert ended.status == JobStatus.CANCELLED
     assert ended.cancel_source == CancelSource.TIMEOUT
     assert ended.error_code == "TIMEOUT"
-    assert ended.settled_at - ended.created_at < timedelta(seconds=3)
+    assert seconds_between(ended.created_at, ended.settled_at) < 3

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.stack import Stack
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, seconds_between
 
 LONG = {"mode": "checkpoint", "steps": 500, "stepMs": 20}
 
@@ -43,7 +45,7 @@ def types_for(agent: Agent, call_id: str) -> list[str]:
 
 
 @pytest.fixture
-def agent(stack: Stack) -> Agent:
+def agent(stack: Stack) -> Iterator[Agent]:
     connected = Agent(stack.ws_url)
     connected.initialize()
     yield connected
@@ -67,8 +69,9 @@ def test_cancel_running_call_stops_the_worker_at_a_checkpoint(agent: Agent) -> N
     assert job.status == JobStatus.CANCELLED
     assert job.cancel_source == CancelSource.AGENT
     assert job.cancel_reason == "user clicked stop"
-    assert job.started_at is not None and job.settled_at is not None
-    assert (job.stopped_at - job.settled_at).total_seconds() < 1.0
+    assert job.started_at is not None
+    assert job.settled_at is not None
+    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
     assert not job.hard_killed
 
 
@@ -79,7 +82,7 @@ def test_cancel_running_call_without_checkpoints_interrupts_the_thread(agent: Ag
     assert agent.result_of(call)["payload"]["cancelled"] is True
     job = wait_stopped(agent, "busy")
     # Stopped by raising into the thread, well before the 20 s of busy work and the kill.
-    assert (job.stopped_at - job.settled_at).total_seconds() < 1.0
+    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
     assert not job.hard_killed
 
 
@@ -93,7 +96,7 @@ def test_work_that_cannot_be_interrupted_is_killed_after_the_grace_period(
     job = wait_stopped(agent, "blk", timeout=15)
     assert job.hard_killed
     # The grace period is 1.5 s in the tests; the reaper runs every 0.5 s.
-    assert 1.0 < (job.stopped_at - job.settled_at).total_seconds() < 10
+    assert 1.0 < seconds_between(job.settled_at, job.stopped_at) < 10
     # The pool replaced the killed child: the worker still runs jobs.
     quick = agent.call("test.sleep", {"steps": 1, "stepMs": 1}, call_id="after-kill")
     assert agent.result_of(quick, timeout=30)["payload"]["success"] is True
@@ -106,10 +109,10 @@ def test_cancel_queued_call_never_starts_it(stack: Stack, agent: Agent) -> None:
         for n in range(2):
             other.call("test.sleep", {"steps": 100, "stepMs": 20}, call_id=f"fill-{n}")
         eventually(
-            lambda: Job.objects.filter(
-                session_id=other.session_id, status=JobStatus.RUNNING
-            ).count()
-            == 2
+            lambda: (
+                Job.objects.filter(session_id=other.session_id, status=JobStatus.RUNNING).count()
+                == 2
+            )
         )
         call = agent.call("test.sleep", {"steps": 1, "stepMs": 1}, call_id="queued")
         cancel = agent.cancel("queued")
@@ -195,13 +198,15 @@ def test_cancel_before_initialize_is_refused(stack: Stack) -> None:
 
 
 def test_cancel_running_export_pdf(agent: Agent) -> None:
-    pages = "".join(f"<section style='page-break-after: always'>Page {n}</section>" for n in range(400))
+    pages = "".join(
+        f"<section style='page-break-after: always'>Page {n}</section>" for n in range(400)
+    )
     call = agent.call("export.pdf", {"html": pages}, call_id="pdf-run")
     wait_running(agent, "pdf-run")
     agent.cancel("pdf-run")
     assert agent.result_of(call)["payload"]["cancelled"] is True
     job = wait_stopped(agent, "pdf-run")
-    assert (job.stopped_at - job.settled_at).total_seconds() < 1.0
+    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
     assert not job.hard_killed
 
 

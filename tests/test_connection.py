@@ -66,7 +66,9 @@ def test_bad_frames_get_a_coded_error_and_the_connection_stays(
     with Agent(stack.ws_url) as agent:
         agent.initialize()
         agent.send_raw(frame)
-        reply = agent.wait_for(lambda e: e["type"] in ("notification", "capabilities/cancel-result"))
+        reply = agent.wait_for(
+            lambda e: e["type"] in ("notification", "capabilities/cancel-result")
+        )
         error = reply["payload"].get("error") or reply["payload"]["data"]
         assert error["code"] == code
         # Still open and usable.
@@ -80,22 +82,29 @@ def test_oversized_frame_closes_with_1009(stack: Stack) -> None:
         agent.send_raw("x" * (1024 * 1024 + 1))
         with pytest.raises(ConnectionClosed) as closed:
             agent.receive(timeout=10)
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1009
 
 
 def test_shutdown_answers_every_call_then_closes(stack: Stack) -> None:
     with Agent(stack.ws_url) as agent:
         agent.initialize()
-        calls = [agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id=f"s{n}") for n in range(3)]
+        calls = [
+            agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id=f"s{n}")
+            for n in range(3)
+        ]
         eventually(
-            lambda: Job.objects.filter(session_id=agent.session_id, status=JobStatus.RUNNING).exists()
+            lambda: Job.objects.filter(
+                session_id=agent.session_id, status=JobStatus.RUNNING
+            ).exists()
         )
         agent.send("shutdown", {"reason": "done for today"})
         for call in calls:
             assert agent.result_of(call)["payload"]["cancelled"] is True
         with pytest.raises(ConnectionClosed) as closed:
             agent.receive(timeout=10)
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1000
         session_id = agent.session_id
     jobs = Job.objects.filter(session_id=session_id)
     assert {j.cancel_source for j in jobs} == {CancelSource.SHUTDOWN}
@@ -107,7 +116,9 @@ def test_disconnect_cancels_calls_and_stops_the_work(stack: Stack) -> None:
     agent = Agent(stack.ws_url)
     agent.initialize()
     agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id="gone")
-    eventually(lambda: Job.objects.filter(session_id=agent.session_id, status=JobStatus.RUNNING).exists())
+    eventually(
+        lambda: Job.objects.filter(session_id=agent.session_id, status=JobStatus.RUNNING).exists()
+    )
     agent.close()
     job = eventually(
         lambda: Job.objects.filter(

@@ -6,6 +6,7 @@ import json
 import random
 import threading
 import time
+import uuid
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
@@ -17,8 +18,10 @@ from tests.support.stack import Stack
 CALLS = 200
 
 
-def test_random_cancels_each_call_answered_once(stack: Stack) -> None:
-    rng = random.Random(20261129)
+def run_random_calls(
+    stack: Stack, rng: random.Random
+) -> tuple[list[dict[str, Any]], list[str], list[str], uuid.UUID]:
+    """Send CALLS calls and cancel about half at random moments; collect every reply."""
     received: list[dict[str, Any]] = []
     with Agent(stack.ws_url) as agent:
         agent.initialize()
@@ -30,8 +33,7 @@ def test_random_cancels_each_call_answered_once(stack: Stack) -> None:
             except (ConnectionClosed, TimeoutError):
                 return
 
-        receiver = threading.Thread(target=receive_all, daemon=True)
-        receiver.start()
+        threading.Thread(target=receive_all, daemon=True).start()
         cancel_at: list[tuple[float, str]] = []
         sent_cancels: list[str] = []
         call_ids = [f"r{n}" for n in range(CALLS)]
@@ -48,8 +50,11 @@ def test_random_cancels_each_call_answered_once(stack: Stack) -> None:
         while time.monotonic() < deadline and _count(received, "capabilities/call-result") < CALLS:
             time.sleep(0.05)
         time.sleep(0.5)  # anything sent twice would have arrived by now
-        session_id = agent.session_id
+        return received, call_ids, sent_cancels, agent.session_id
 
+
+def test_random_cancels_each_call_answered_once(stack: Stack) -> None:
+    received, call_ids, sent_cancels, session_id = run_random_calls(stack, random.Random(20261129))
     results: dict[str, list[dict[str, Any]]] = {cid: [] for cid in call_ids}
     cancels: dict[str, list[dict[str, Any]]] = {}
     order: dict[str, list[str]] = {cid: [] for cid in call_ids}
@@ -62,7 +67,9 @@ def test_random_cancels_each_call_answered_once(stack: Stack) -> None:
             cancels.setdefault(payload["callId"], []).append(payload)
             order[payload["callId"]].append("cancel")
 
-    assert all(len(r) == 1 for r in results.values()), {k: len(v) for k, v in results.items() if len(v) != 1}
+    assert all(len(r) == 1 for r in results.values()), {
+        k: len(v) for k, v in results.items() if len(v) != 1
+    }
     # Every cancel answered exactly once.
     assert sorted(sent_cancels) == sorted(c["callId"] for v in cancels.values() for c in v)
     jobs = {job.call_id: job for job in Job.objects.filter(session_id=session_id)}
@@ -76,7 +83,8 @@ def test_random_cancels_each_call_answered_once(stack: Stack) -> None:
             assert [c["cancelled"] for c in cancels[call_id]] == [True]
             assert order[call_id] == ["cancel", "result"]
         else:
-            assert result["success"] is True and job.status == JobStatus.SUCCEEDED
+            assert result["success"] is True
+            assert job.status == JobStatus.SUCCEEDED
             for cancel in cancels.get(call_id, []):
                 assert cancel == {
                     "callId": call_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ class Agent:
         self.ws: ClientConnection = connect(url, max_size=None, legacy=True, **connect_kwargs)
         self.inbox: list[Envelope] = []
         self._ids = itertools.count(1)
-        self.session_id: str | None = None
+        self._session_id: str | None = None
 
     def close(self) -> None:
         """Close the socket."""
@@ -36,7 +37,9 @@ class Agent:
         """A fresh envelope id."""
         return f"m{next(self._ids)}"
 
-    def send(self, message_type: str, payload: dict[str, Any], message_id: str | None = None) -> str:
+    def send(
+        self, message_type: str, payload: dict[str, Any], message_id: str | None = None
+    ) -> str:
         """Send one envelope; returns its id."""
         message_id = message_id or self.next_id()
         envelope = {
@@ -76,9 +79,7 @@ class Agent:
 
     def reply_to(self, message_id: str, message_type: str, timeout: float = 10.0) -> Envelope:
         """The reply of a type to a request id."""
-        return self.wait_for(
-            lambda e: e["type"] == message_type and e["id"] == message_id, timeout
-        )
+        return self.wait_for(lambda e: e["type"] == message_type and e["id"] == message_id, timeout)
 
     def initialize(self, *, notifications: bool = False, name: str = "test-agent") -> Envelope:
         """initialize, and wait for initialize-result."""
@@ -91,8 +92,15 @@ class Agent:
             },
         )
         reply = self.reply_to(message_id, "initialize-result")
-        self.session_id = reply["payload"].get("sessionId")
+        self._session_id = reply["payload"].get("sessionId")
         return reply
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        """The session this agent initialized."""
+        if self._session_id is None:
+            raise RuntimeError("not initialized")
+        return uuid.UUID(self._session_id)
 
     def call(
         self,

@@ -33,10 +33,10 @@ def prepare(prefix: str, **overrides: str) -> Stack:
             **overrides,
         }
     )
-    import django  # noqa: PLC0415 - only after the environment is set
+    import django
 
     django.setup()
-    from django.core.management import call_command  # noqa: PLC0415
+    from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
     return Stack(run_dir, redis_port)

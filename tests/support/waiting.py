@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def seconds_between(earlier: datetime | None, later: datetime | None) -> float:
+    """Seconds from one recorded time to another; both must be set."""
+    assert earlier is not None
+    assert later is not None
+    return (later - earlier).total_seconds()
 
 
 def eventually(probe: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.02) -> T:

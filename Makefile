@@ -1,0 +1,127 @@
+# Development entry points. From a fresh clone:
+#   make run    the demo (Redis, Celery worker + beat, Daphne) at http://127.0.0.1:$(PORT)/
+#   make test   lint, then the whole test suite against a real stack
+# Both create .venv (with $(PYTHON)), install the project into it and, when root,
+# install the few system libraries WeasyPrint needs.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# Not 6379: a system Redis often runs there already.
+REDIS_PORT ?= 6399
+PORT ?= 8000
+WORKER_CONCURRENCY ?= 2
+PYTEST_ARGS ?=
+
+# Shared libraries and fonts WeasyPrint loads at run time (Debian 12 names).
+APT_PACKAGES := libharfbuzz-subset0 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core
+APT_GET ?= apt-get
+
+.PHONY: help deps system-deps migrate run test lint bench clean distclean
+
+help:
+	@echo "make run      start the demo (Redis, Celery worker and beat, Daphne) on http://127.0.0.1:$(PORT)/"
+	@echo "              variables: PORT=$(PORT) REDIS_PORT=$(REDIS_PORT) WORKER_CONCURRENCY=$(WORKER_CONCURRENCY)"
+	@echo "make test     lint, then the test suite (PYTEST_ARGS='...' is passed to pytest)"
+	@echo "make lint     ruff check, ruff format --check, mypy"
+	@echo "make bench    run the benchmarks (bench/run_all.py)"
+	@echo "make clean    remove caches; make distclean also removes .venv, var/ and the SQLite DB"
+
+# --- prerequisites shared by run, test, lint and bench ------------------------------
+
+deps: system-deps $(STAMP)
+
+# apt-get only for what is missing, `apt-get update` at most once, and only as root.
+# Debian's own python3.11 needs python3.11-venv before `python3.11 -m venv` works.
+system-deps:
+	@if ! command -v dpkg >/dev/null 2>&1; then \
+	  echo "note: no dpkg here; make sure Pango, HarfBuzz (subset) and a font are installed for WeasyPrint."; \
+	  exit 0; \
+	fi; \
+	missing=""; \
+	for pkg in $(APT_PACKAGES); do \
+	  case "$$(dpkg -s "$$pkg" 2>/dev/null || true)" in \
+	    *"Status: install ok installed"*) ;; \
+	    *) missing="$$missing $$pkg" ;; \
+	  esac; \
+	done; \
+	if [ ! -x "$(BIN)/python" ] && ! $(PYTHON) -c 'import ensurepip' >/dev/null 2>&1; then \
+	  case "$$(command -v $(PYTHON) || true)" in \
+	    /usr/bin/*) missing="$$missing $(notdir $(PYTHON))-venv" ;; \
+	  esac; \
+	fi; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" -ne 0 ]; then \
+	  echo "note: missing system packages:$$missing"; \
+	  echo "      not root, so not installing them; run: sudo apt-get install -y$$missing"; \
+	  exit 0; \
+	fi; \
+	echo "Installing system packages:$$missing"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$(APT_GET) update; \
+	$(APT_GET) install -y --no-install-recommends $$missing
+
+$(BIN)/python: | system-deps
+	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+	  echo "error: $(PYTHON) not found; install Python 3.11 or pass PYTHON=/path/to/python3.11" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+
+# Re-installed only when pyproject.toml is newer than the stamp.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+# --- the demo -------------------------------------------------------------------------
+
+# Everything `make run` starts sees these (honcho passes its environment on; a .env
+# file, if there is one, is read by honcho and wins over them).
+run migrate: export DJANGO_DEBUG := 1
+run migrate: export REDIS_PORT := $(REDIS_PORT)
+run migrate: export REDIS_URL := redis://127.0.0.1:$(REDIS_PORT)/0
+run migrate: export PORT := $(PORT)
+run migrate: export WORKER_CONCURRENCY := $(WORKER_CONCURRENCY)
+run migrate: export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+migrate: deps
+	mkdir -p var/media var/static
+	$(BIN)/python manage.py migrate --noinput
+
+# honcho puts each process in its own process group and, on Ctrl-C (SIGINT) or
+# SIGTERM, stops every group (SIGTERM, SIGKILL after 5 s). The Procfile `exec`s each
+# command, so no intermediate shell is left behind; the recipe `exec`s honcho too.
+run: migrate
+	@echo
+	@echo "==> The demo is at http://127.0.0.1:$(PORT)/ (Redis on 127.0.0.1:$(REDIS_PORT)). Ctrl-C stops everything."
+	@echo
+	exec $(BIN)/honcho start -f Procfile -p $(PORT)
+
+# --- checks ---------------------------------------------------------------------------
+
+# mypy's Django plugin imports the settings, which need DEBUG or a secret key.
+lint: export DJANGO_DEBUG := 1
+lint: deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+
+# The tests start their own Redis, Celery worker and beat and Daphne (tests/conftest.py).
+test: deps lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: deps
+	$(BIN)/python bench/run_all.py
+
+# --- cleaning ---------------------------------------------------------------------------
+
+clean:
+	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info var/test-artifacts
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) var db.sqlite3 db.sqlite3-wal db.sqlite3-shm
