@@ -151,6 +151,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes DB connections around every task unless this is set;
+# reconnecting (and re-running SQLite's PRAGMAs) cost more than a small task.
+CELERY_DB_REUSE_MAX = 1000
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = _env_int("CELERY_WORKER_MAX_MEMORY_PER_CHILD", 400_000)
 CELERY_BEAT_SCHEDULE = {
     "abp-reap": {

@@ -17,10 +17,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from capabilities import aborts
+from capabilities import aborts, row_updates
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
 
@@ -132,21 +131,26 @@ def settle(job_id: uuid.UUID | str, outcome: Outcome, *, work_stopped: bool = Fa
     """
     now = timezone.now()
     error = outcome.error
-    updated = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).update(
-        status=outcome.status,
-        settled_at=now,
-        result=outcome.result,
-        error_code=error.code if error else "",
-        error_message=error.message if error else "",
-        error_retryable=bool(error and error.to_json()["retryable"]),
-        error_details=error.details if error else None,
-        error_traceback=outcome.traceback,
-        cancel_source=outcome.cancel_source or "",
-        cancel_reason=outcome.cancel_reason,
+    values: dict[str, Any] = {
+        "status": outcome.status,
+        "settled_at": now,
+        "result": outcome.result,
+        "error_code": error.code if error else "",
+        "error_message": error.message if error else "",
+        "error_retryable": bool(error and error.to_json()["retryable"]),
+        "error_details": error.details if error else None,
+        "error_traceback": outcome.traceback,
+        "cancel_source": outcome.cancel_source or "",
+        "cancel_reason": outcome.cancel_reason,
+    }
+    if work_stopped:
+        values["stopped_at"] = now
+    updated = row_updates.update_if(
+        job_id,
+        ACTIVE_STATUSES,
+        values,
         # Work that never started stopped when it was settled.
-        stopped_at=Value(now)
-        if work_stopped
-        else Case(When(status=JobStatus.QUEUED, then=Value(now)), default=F("stopped_at")),
+        stop_if=None if work_stopped else (JobStatus.QUEUED, now),
     )
     if not updated:
         logger.debug("Outcome %s for job %s dropped: already settled", outcome.status, job_id)
@@ -155,11 +159,10 @@ def settle(job_id: uuid.UUID | str, outcome: Outcome, *, work_stopped: bool = Fa
 
 def mark_running(job_id: str, worker: str) -> bool:
     """Queued -> running; False if the job was settled or is already running elsewhere."""
-    return (
-        Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).update(
-            status=JobStatus.RUNNING, started_at=timezone.now(), worker=worker[:200]
-        )
-        == 1
+    return row_updates.update_if(
+        job_id,
+        (JobStatus.QUEUED,),
+        {"status": JobStatus.RUNNING, "started_at": timezone.now(), "worker": worker[:200]},
     )
 
 
@@ -209,11 +212,11 @@ def cancel_and_notify(job_id: uuid.UUID | str, *, source: CancelSource, reason: 
     The session's consumer hears of it through the channel layer and sends the
     agent its cancelled call-result.
     """
-    from capabilities.notifier import notify  # the notifier starts a thread: load lazily
+    from capabilities.notifier import notify  # channels' layer loads lazily
 
     job = Job.objects.filter(pk=job_id).only("session_id", "call_id").first()
     if job is None or not cancel(job_id, source=source, reason=reason):
         return False
-    notify(str(job.session_id), {"type": "job.settled", "call_id": job.call_id}, wait=2.0)
+    notify(str(job.session_id), {"type": "job.settled", "call_id": job.call_id})
     revoke(job_id)
     return True

@@ -24,9 +24,6 @@ from capabilities.protocol import ErrorCode, WireError
 
 logger = logging.getLogger(__name__)
 
-# How long a worker waits for its final note to leave before taking the next task.
-NOTE_FLUSH_SECONDS = 2.0
-
 
 class WorkerContext:
     """The JobContext runners get in a worker."""
@@ -119,8 +116,7 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
         response = results.inline_response(job, outcome)
         if response is not None:
             note["response"] = response
-        # Wait for the note to leave, so a child recycled right after cannot lose it.
-        notify(session_id, note, wait=NOTE_FLUSH_SECONDS)
+        notify(session_id, note)
     else:
         jobs.record_stopped(job_id)
         context.discard_files()
