@@ -75,6 +75,7 @@ def cancels(
 ) -> tuple[list[float], list[float], list[float], int]:
     """Cancel n running calls; returns the three latencies and how many hit mid-layout."""
     to_confirm, to_result, to_stop = [], [], []
+    by_stage: list[tuple[float, str]] = []
     mid_layout = 0
     for i in range(n):
         call_id = f"{capability}-{i}"
@@ -92,12 +93,16 @@ def cancels(
         to_result.append((time.perf_counter() - start) * 1000)
         if not result["payload"].get("cancelled"):
             continue  # finished before the cancel: no stop to measure
-        if _stage_when_cancelled(agent, cancel) == "layout":
+        stage = _stage_when_cancelled(agent, cancel)
+        if stage == "layout":
             mid_layout += 1
         job = eventually(jobs.filter(stopped_at__isnull=False).first, timeout=15)
         assert job.stopped_at is not None
         to_stop.append((job.stopped_at.timestamp() - wall) * 1000)
+        by_stage.append((to_stop[-1], stage or "start"))
         agent.inbox.clear()
+    slowest = ", ".join(f"{ms:.0f} ms ({stage})" for ms, stage in sorted(by_stage)[-5:])
+    print(f"  {capability}: slowest stops: {slowest}", flush=True)
     return to_confirm, to_result, to_stop, mid_layout
 
 
