@@ -168,10 +168,8 @@ ABP: dict[str, Any] = {
     "APP_NAME": os.environ.get("ABP_APP_NAME", "ABP Jobs"),
     "APP_VERSION": "0.1.0",
     "APP_DESCRIPTION": "Cancellable PDF export and image processing for AI agents.",
-    # A text frame larger than this closes the socket with 1009.
-    "MAX_FRAME_BYTES": _env_int("ABP_MAX_FRAME_BYTES", 16 * 1024 * 1024),
-    # Binary results up to this size are inlined as base64 in the call-result.
-    "INLINE_RESULT_MAX_BYTES": _env_int("ABP_INLINE_RESULT_MAX_BYTES", 10 * 1024 * 1024),
+    # The WebSocket frame limit (ABP_MAX_FRAME_BYTES) is enforced by Daphne, which
+    # reads it from its command line (Procfile, docker-compose.yml).
     # Abort flags: a key per job with a TTL longer than any job's life, plus a publish.
     "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", "abp:abort:"),
     "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", "abp:abort"),
