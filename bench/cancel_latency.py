@@ -16,6 +16,7 @@ import argparse
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -70,13 +71,24 @@ def bare_celery_calls(n: int) -> list[float]:
     return times
 
 
+@dataclass
+class CancelRun:
+    """What one series of cancels measured."""
+
+    to_confirm: list[float] = field(default_factory=list)
+    to_result: list[float] = field(default_factory=list)
+    to_stop: list[float] = field(default_factory=list)
+    # A consumer-frame round trip taken right before each cancel, under the same load.
+    rtt_under_load: list[float] = field(default_factory=list)
+    mid_layout: int = 0
+
+
 def cancels(
     agent: Agent, n: int, capability: str, params: dict[str, object], rng: random.Random
-) -> tuple[list[float], list[float], list[float], int]:
-    """Cancel n running calls; returns the three latencies and how many hit mid-layout."""
-    to_confirm, to_result, to_stop = [], [], []
+) -> CancelRun:
+    """Cancel n running calls at random moments of their work."""
+    run = CancelRun()
     by_stage: list[tuple[float, str]] = []
-    mid_layout = 0
     for i in range(n):
         call_id = f"{capability}-{i}"
         call = agent.call(capability, params, call_id=call_id, progress_token=call_id)
@@ -84,26 +96,29 @@ def cancels(
         eventually(jobs.filter(status=JobStatus.RUNNING).exists, interval=0.002)
         # Let the work get somewhere: from its first instructions to deep in layout.
         time.sleep(rng.uniform(0, 0.25))
+        start = time.perf_counter()
+        agent.reply_to(agent.send("initialize", {}), "initialize-result")
+        run.rtt_under_load.append((time.perf_counter() - start) * 1000)
         wall = time.time()
         start = time.perf_counter()
         cancel = agent.cancel(call_id)
         agent.reply_to(cancel, "capabilities/cancel-result")
-        to_confirm.append((time.perf_counter() - start) * 1000)
+        run.to_confirm.append((time.perf_counter() - start) * 1000)
         result = agent.result_of(call)
-        to_result.append((time.perf_counter() - start) * 1000)
+        run.to_result.append((time.perf_counter() - start) * 1000)
         if not result["payload"].get("cancelled"):
             continue  # finished before the cancel: no stop to measure
         stage = _stage_when_cancelled(agent, cancel)
         if stage == "layout":
-            mid_layout += 1
+            run.mid_layout += 1
         job = eventually(jobs.filter(stopped_at__isnull=False).first, timeout=15)
         assert job.stopped_at is not None
-        to_stop.append((job.stopped_at.timestamp() - wall) * 1000)
-        by_stage.append((to_stop[-1], stage or "start"))
+        run.to_stop.append((job.stopped_at.timestamp() - wall) * 1000)
+        by_stage.append((run.to_stop[-1], stage or "start"))
         agent.inbox.clear()
     slowest = ", ".join(f"{ms:.0f} ms ({stage})" for ms, stage in sorted(by_stage)[-5:])
     print(f"  {capability}: slowest stops: {slowest}", flush=True)
-    return to_confirm, to_result, to_stop, mid_layout
+    return run
 
 
 def _stage_when_cancelled(agent: Agent, cancel_id: str) -> str:
@@ -155,16 +170,19 @@ def main() -> None:
     print("\n== WebSocket round trip (baselines)")
     print(stats.line("ping/pong (transport only)", pings))
     print(stats.line("frame answered by the consumer (no DB)", frames))
-    for label, (confirm, result, stop, mid) in (
+    for label, run in (
         ("test.sleep (checkpoints every 5 ms)", sleep_runs),
         ("export.pdf (60 pages)", pdf_runs),
     ):
+        loaded_p50 = stats.summary(run.rtt_under_load)["p50"]
         print(f"\n== cancel of a running {label}")
-        print(stats.line("cancel -> cancel-result (vs consumer frame RTT)", confirm, frame_p50))
-        print(stats.line("cancel -> cancel-result (vs ping RTT)", confirm, ping_p50))
-        print(stats.line("cancel -> call-result", result))
-        print(stats.line("cancel -> work stopped (Job.stopped_at)", stop))
-        print(f"   cancels that landed mid-layout: {mid} of {len(stop)} stopped")
+        print(stats.line("frame RTT under the same load (baseline)", run.rtt_under_load))
+        print(stats.line("cancel -> cancel-result (vs RTT under load)", run.to_confirm, loaded_p50))
+        print(stats.line("cancel -> cancel-result (vs idle frame RTT)", run.to_confirm, frame_p50))
+        print(stats.line("cancel -> cancel-result (vs idle ping RTT)", run.to_confirm, ping_p50))
+        print(stats.line("cancel -> call-result", run.to_result))
+        print(stats.line("cancel -> work stopped (Job.stopped_at)", run.to_stop))
+        print(f"   cancels that landed mid-layout: {run.mid_layout} of {len(run.to_stop)} stopped")
     celery_p50 = stats.summary(celery_calls)["p50"]
     print("\n== small call round trip")
     print(stats.line("bare Celery apply_async().get()", celery_calls))

@@ -128,6 +128,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 params=action.params,
                 timeout_ms=action.timeout_ms,
                 progress_token=action.progress_token,
+                notify_started=self.session.features.notifications,
             )
         except CallIdInUse:
             error = WireError(

@@ -79,6 +79,7 @@ def create_job(
     params: dict[str, Any],
     timeout_ms: int | None,
     progress_token: str | int | None,
+    notify_started: bool = False,
 ) -> Job:
     """Record a call and enqueue its task once the row is committed."""
     timeout_ms = min(
@@ -93,6 +94,7 @@ def create_job(
         capability=capability,
         params=params,
         progress_token=progress_token,
+        notify_started=notify_started,
         created_at=now,
         deadline=now + timedelta(milliseconds=timeout_ms),
     )

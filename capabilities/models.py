@@ -85,6 +85,8 @@ class Job(models.Model):
     capability = models.CharField(max_length=100)
     params = models.JSONField(default=dict)
     progress_token = models.JSONField(null=True, blank=True)
+    # The agent asked for notifications: the worker announces the start.
+    notify_started = models.BooleanField(default=False)
 
     status = models.CharField(max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED)
     progress = models.FloatField(null=True, blank=True)

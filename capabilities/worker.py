@@ -24,6 +24,17 @@ from capabilities.protocol import ErrorCode, WireError
 
 logger = logging.getLogger(__name__)
 
+# What a worker reads of its job (params can be large; nothing else is needed).
+WORKER_FIELDS = (
+    "session_id",
+    "call_id",
+    "capability",
+    "params",
+    "progress_token",
+    "notify_started",
+    "created_at",
+)
+
 
 class WorkerContext:
     """The JobContext runners get in a worker."""
@@ -97,9 +108,10 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
     if not jobs.mark_running(job_id, worker_name):
         logger.info("Job %s is no longer queued; skipped", job_id)
         return
-    job = Job.objects.get(pk=job_id)
+    job = Job.objects.only(*WORKER_FIELDS).get(pk=job_id)
     session_id = str(job.session_id)
-    notify(session_id, {"type": "job.started", "call_id": job.call_id})
+    if job.notify_started:
+        notify(session_id, {"type": "job.started", "call_id": job.call_id})
     context = WorkerContext(job, interrupter)
     try:
         outcome = _run(job, context, interrupter)
