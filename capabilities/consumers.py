@@ -19,7 +19,7 @@ from django.conf import settings
 
 from capabilities import aborts, jobs, registry, replies, session_store
 from capabilities.jobs import CallIdInUse
-from capabilities.models import CancelSource, session_group
+from capabilities.models import CancelSource, Job, session_group
 from capabilities.protocol import ErrorCode, ProtocolError, WireError, decode
 from capabilities.results import cancelled_response
 from capabilities.session import (
@@ -120,24 +120,38 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
             return
         try:
-            job = await database_sync_to_async(jobs.create_job)(
-                session_id=self.session.session_id,
-                call_id=action.call_id,
-                request_id=action.request_id,
-                capability=action.capability,
-                params=action.params,
-                timeout_ms=action.timeout_ms,
-                progress_token=action.progress_token,
-                notify_started=self.session.features.notifications,
-            )
+            job = await self.create_job(action)
         except CallIdInUse:
             error = WireError(
                 code=ErrorCode.INVALID_PARAMS,
                 message=f"callId {action.call_id!r} was already used in this session.",
                 details={"path": "payload.options.callId"},
             )
-            await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
+        except Exception:
+            logger.exception("Could not create the job of call %s", action.call_id)
+            error = WireError(
+                code=ErrorCode.INTERNAL_ERROR, message="The call could not be queued; try again."
+            )
+        else:
+            self._track(action, job)
             return
+        await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
+
+    async def create_job(self, action: StartCall) -> Job:
+        """Record the call and enqueue its task (in Django's sync thread)."""
+        job: Job = await database_sync_to_async(jobs.create_job)(
+            session_id=self.session.session_id,
+            call_id=action.call_id,
+            request_id=action.request_id,
+            capability=action.capability,
+            params=action.params,
+            timeout_ms=action.timeout_ms,
+            progress_token=action.progress_token,
+            notify_started=self.session.features.notifications,
+        )
+        return job
+
+    def _track(self, action: StartCall, job: Job) -> None:
         self.session.call_started(
             call_id=action.call_id,
             request_id=action.request_id,
@@ -148,7 +162,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         assert job.deadline is not None
         delay = max(0.0, (job.deadline - job.created_at).total_seconds())
         self.timers[action.call_id] = asyncio.get_running_loop().call_later(
-            delay, lambda: asyncio.ensure_future(self.on_timeout(action.call_id))
+            delay, lambda: self.in_background(self.on_timeout(action.call_id))
         )
 
     async def cancel_call(self, action: CancelCall) -> None:
@@ -197,6 +211,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         )
 
     async def end_calls(self, action: EndCalls, *, connected: bool) -> None:
+        if action.source == CancelSource.SHUTDOWN and self.session.session_id is not None:
+            await database_sync_to_async(session_store.close_session)(
+                self.session.session_id, f"shutdown: {action.reason}"
+            )
         calls = self.session.in_flight_calls()
         if not calls:
             return
@@ -233,7 +251,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def stop_work(self, job_id: str, *, delivered: bool) -> None:
         """After a cancel this consumer won: raise the abort flag, then revoke."""
-        await aborts.request_abort_async(job_id)
+        try:
+            await aborts.request_abort_async(job_id)
+        except Exception:
+            # The agent has its answer; without the flag the work runs on until the
+            # reaper kills it (a cancelled job whose worker has not stopped).
+            logger.exception("Could not raise the abort flag of job %s", job_id)
         self.in_background(
             database_sync_to_async(session_store.after_cancel)(job_id, delivered=delivered)
         )

@@ -99,11 +99,12 @@ def create_job(
         deadline=now + timedelta(milliseconds=timeout_ms),
     )
     try:
-        with transaction.atomic():
-            job.save(force_insert=True)
-            transaction.on_commit(lambda: _enqueue(job))
+        # One autocommitted INSERT (no BEGIN/COMMIT round of its own); on_commit
+        # then enqueues at once, or when the caller's own transaction commits.
+        job.save(force_insert=True)
     except IntegrityError as exc:
         raise CallIdInUse(call_id) from exc
+    transaction.on_commit(lambda: _enqueue(job))
     return job
 
 

@@ -47,10 +47,11 @@ class CapabilitySpec:
 
     def validate(self, params: dict[str, Any]) -> WireError | None:
         """Check params against the input schema; the first problem, coded, or None."""
-        error = _best_error(_validator(self.name), params)
-        if error is None:
+        validator = _validator(self.name)
+        if validator.is_valid(params):  # the common case: skip collecting errors
             return None
-        return _wire_error(error)
+        error = _best_error(validator, params)
+        return None if error is None else _wire_error(error)
 
     def load_runner(self) -> Runner:
         """Import the runner (in the worker)."""

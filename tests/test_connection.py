@@ -110,6 +110,9 @@ def test_shutdown_answers_every_call_then_closes(stack: Stack) -> None:
     assert {j.cancel_source for j in jobs} == {CancelSource.SHUTDOWN}
     for n in range(3):
         assert len(agent.results_for_call(f"s{n}")) == 1
+    session = AgentSession.objects.get(pk=session_id)
+    assert session.close_reason == "shutdown: done for today"
+    assert session.closed_at is not None
 
 
 def test_disconnect_cancels_calls_and_stops_the_work(stack: Stack) -> None:
