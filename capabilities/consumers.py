@@ -48,6 +48,15 @@ def app_info() -> dict[str, str]:
     }
 
 
+def _base_url_of(scope: dict[str, Any]) -> str:
+    """Where this agent reached us, for download URLs (http for ws, https for wss)."""
+    host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
+    if not host:
+        server = scope.get("server") or ("127.0.0.1", 80)
+        host = f"{server[0]}:{server[1]}"
+    return f"{'https' if scope.get('scheme') == 'wss' else 'http'}://{host}"
+
+
 def _capability_names() -> list[str]:
     return [spec.name for spec in registry.all_specs()]
 
@@ -61,6 +70,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.started: dict[str, float] = {}
         self.background: set[asyncio.Future[Any]] = set()
+        self.base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
         self.group: str | None = None
         await self.accept()
 
@@ -182,7 +192,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.answer_cancelled(call, CancelSource.AGENT)
             return
         # Settled first by the worker, a timeout or an operator: deliver that outcome.
-        response = await database_sync_to_async(session_store.settled_response)(call.job_id)
+        response = await database_sync_to_async(session_store.settled_response)(
+            call.job_id, self.base_url
+        )
         was_cancelled = bool(response and response.get("cancelled"))
         await self.send(
             text_data=replies.cancel_result(
@@ -280,7 +292,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if call is None:
             return  # answered already: a late note
         if response is None:
-            response = await database_sync_to_async(session_store.settled_response)(call.job_id)
+            response = await database_sync_to_async(session_store.settled_response)(
+                call.job_id, self.base_url
+            )
         if response is None or self.session.finish(call_id) is None:
             return
         await self.notify_completed(call_id)

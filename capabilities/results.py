@@ -1,7 +1,8 @@
 """Turn a settled job into the ABPResponse of its call-result.
 
 Runners store binary output in Django's storage and put a `{"$file": name, ...}`
-reference in their data; here it becomes inline base64 (BinaryData).
+reference in their data; here it becomes inline base64 (BinaryData) up to
+INLINE_RESULT_MAX_BYTES, and a signed, expiring download URL above.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ import base64
 import json
 from typing import Any
 
+from django.conf import settings
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
+from capabilities import downloads
+from capabilities.jobs import Outcome
 from capabilities.models import Job, JobStatus
 from capabilities.protocol import WireError
 
@@ -23,15 +27,15 @@ FILE_REF_KEY = "$file"
 NOTE_RESPONSE_MAX_BYTES = 16 * 1024
 
 
-def call_response(job: Job) -> dict[str, Any]:
-    """The ABPResponse for a settled job."""
+def call_response(job: Job, *, base_url: str = "") -> dict[str, Any]:
+    """The ABPResponse for a settled job; download URLs start with `base_url`."""
     response: dict[str, Any] = {
         "callId": job.call_id,
         "success": job.status == JobStatus.SUCCEEDED,
         "metadata": {"duration": duration_ms(job)},
     }
     if job.status == JobStatus.SUCCEEDED:
-        response["data"] = materialize(job.result or {})
+        response["data"] = materialize(job, base_url=base_url)
         return response
     response["error"] = job_error(job).to_json()
     if job.status == JobStatus.CANCELLED:
@@ -39,7 +43,7 @@ def call_response(job: Job) -> dict[str, Any]:
     return response
 
 
-def inline_response(job: Job, outcome: Any) -> dict[str, Any] | None:
+def inline_response(job: Job, outcome: Outcome) -> dict[str, Any] | None:
     """The response of a job the worker just settled, if small and file-free."""
     if outcome.result is not None and any(_is_file_ref(v) for v in outcome.result.values()):
         return None
@@ -89,16 +93,22 @@ def duration_ms(job: Job) -> int:
     return max(0, int((job.settled_at - job.created_at).total_seconds() * 1000))
 
 
-def materialize(data: dict[str, Any]) -> dict[str, Any]:
-    """Replace file references one level inside `data` with inline BinaryData."""
-    return {key: _binary(value) if _is_file_ref(value) else value for key, value in data.items()}
+def materialize(job: Job, *, base_url: str) -> dict[str, Any]:
+    """The job's result data, its file references made BinaryData or references."""
+    data: dict[str, Any] = job.result or {}
+    return {
+        key: _binary(job, value, base_url) if _is_file_ref(value) else value
+        for key, value in data.items()
+    }
 
 
 def _is_file_ref(value: Any) -> bool:
     return isinstance(value, dict) and FILE_REF_KEY in value
 
 
-def _binary(ref: dict[str, Any]) -> dict[str, Any]:
+def _binary(job: Job, ref: dict[str, Any], base_url: str) -> dict[str, Any]:
+    if ref["size"] > settings.ABP["INLINE_RESULT_MAX_BYTES"]:
+        return downloads.reference(job, ref, base_url=base_url)
     with default_storage.open(ref[FILE_REF_KEY], "rb") as handle:
         content = handle.read()
     return {

@@ -34,12 +34,12 @@ def close_session(session_id: str, reason: str) -> None:
     )
 
 
-def settled_response(job_id: str) -> dict[str, Any] | None:
+def settled_response(job_id: str, base_url: str) -> dict[str, Any] | None:
     """The call-result of a settled job, or None if it is still active."""
     job = Job.objects.filter(pk=job_id).first()
     if job is None or job.is_active:
         return None
-    return results.call_response(job)
+    return results.call_response(job, base_url=base_url)
 
 
 def settle_cancelled(job_ids: list[str], source: CancelSource, reason: str) -> dict[str, bool]:

@@ -11,7 +11,7 @@ from typing import Any
 from celery import shared_task
 from celery.signals import task_revoked, worker_init, worker_process_init
 
-from capabilities import aborts, jobs, reaper, registry, worker
+from capabilities import aborts, jobs, reaper, registry, retention, worker
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,12 @@ def run_job(self: Any, job_id: str) -> None:
 def reap() -> None:
     """End what nobody else ended: overdue jobs, workers that ignore a cancel."""
     reaper.reap()
+
+
+@shared_task(name="abp.clean_up", ignore_result=True)
+def clean_up() -> None:
+    """Delete result files and job rows past their retention."""
+    retention.clean_up()
 
 
 @worker_init.connect

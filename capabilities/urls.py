@@ -2,9 +2,10 @@
 
 from django.urls import path
 
-from capabilities import views
+from capabilities import downloads, views
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("abp.json", views.manifest, name="abp-manifest"),
+    path("abp/files/<str:token>/<str:filename>", downloads.download, name="abp-download"),
 ]

@@ -7,10 +7,13 @@ Modes:
 - `block`: one long C-level sleep that nothing but a kill can stop;
 - `fail`: raises CapabilityError(INVALID_PARAMS) after the steps;
 - `crash`: raises a plain exception after the steps.
+
+With `fileBytes`, the result also carries a file of that many random bytes.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -40,7 +43,14 @@ def run_sleep(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise CapabilityError("INVALID_PARAMS", "Asked to fail.", details={"path": "params.mode"})
     if mode == "crash":
         raise RuntimeError("asked to crash")
-    return {"echo": params.get("echo"), "steps": steps}
+    data: dict[str, Any] = {"echo": params.get("echo"), "steps": steps}
+    if "fileBytes" in params:
+        data["file"] = ctx.save_file(
+            os.urandom(params["fileBytes"]),
+            mime_type="application/octet-stream",
+            filename="blob.bin",
+        )
+    return data
 
 
 SLEEP = CapabilitySpec(
@@ -53,6 +63,7 @@ SLEEP = CapabilitySpec(
             "steps": {"type": "integer", "minimum": 0, "maximum": 100000},
             "stepMs": {"type": "integer", "minimum": 0, "maximum": 60000},
             "echo": {},
+            "fileBytes": {"type": "integer", "minimum": 0, "maximum": 50_000_000},
         },
         "additionalProperties": False,
     },
