@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("channel_layers.py", "cancel_latency.py")
+BENCHMARKS = ("channel_layers.py", "cancel_latency.py", "capabilities_speed.py")
 
 
 def main() -> int:

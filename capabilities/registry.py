@@ -21,7 +21,11 @@ from capabilities.context import Runner
 from capabilities.protocol import ErrorCode, WireError
 
 # Dotted paths of the product's CapabilitySpec objects.
-PRODUCT_CAPABILITY_SPECS = ("capabilities.pdf_spec.SPEC",)
+PRODUCT_CAPABILITY_SPECS = (
+    "capabilities.pdf_spec.SPEC",
+    "capabilities.images_spec.SPEC",
+    "capabilities.markdown_spec.SPEC",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

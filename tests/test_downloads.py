@@ -104,7 +104,7 @@ def test_expired_link_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     served.close()
     assert served.status_code == 200
     later = time.time() + 3601
-    monkeypatch.setattr(signing.time, "time", lambda: later)
+    monkeypatch.setattr(time, "time", lambda: later)
     assert _client().get(url).status_code == 410
 
 

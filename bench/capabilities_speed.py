@@ -1,0 +1,145 @@
+"""Capabilities through the whole stack against the same work done in-process.
+
+- export.pdf of 10 and 50 pages, over a real WebSocket (Daphne, Redis, a Celery
+  worker), against the same WeasyPrint call in this process;
+- process.image resizing a 12 MP JPEG to 800x600 through the stack, against the
+  best in-process Pillow recipe (JPEG draft + reducing_gap, the runner's own) and
+  against a naive open + resize.
+
+Runs alternate (stack, in-process, ...) so drift on this shared machine hits both.
+Run: .venv/bin/python bench/capabilities_speed.py [--rounds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support import environment
+
+STACK = environment.prepare(
+    "abp-bench-caps-",
+    ABP_INLINE_RESULT_MAX_BYTES=str(64 * 1024 * 1024),
+    ABP_MAX_FRAME_BYTES=str(32 * 1024 * 1024),
+)
+
+import weasyprint  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from bench import stats  # noqa: E402
+from capabilities import images, pdf  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
+
+
+def document(pages: int) -> str:
+    """An HTML document of `pages` pages of ordinary text."""
+    paragraph = "<p>" + "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 12 + "</p>"
+    return "".join(
+        f"<section style='page-break-after: always'><h1>Section {n}</h1>{paragraph * 4}</section>"
+        for n in range(pages)
+    )
+
+
+def photo(width: int = 4000, height: int = 3000) -> bytes:
+    """A 12 MP JPEG with photo-like detail (a gradient under noise)."""
+    noise = Image.effect_noise((width, height), 40).convert("RGB")
+    gradient = Image.linear_gradient("L").resize((width, height)).convert("RGB")
+    buffer = io.BytesIO()
+    Image.blend(noise, gradient, 0.5).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def timed(work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    work()
+    return (time.perf_counter() - start) * 1000
+
+
+def through_stack(agent: Agent, capability: str, params: dict[str, Any]) -> None:
+    result = agent.result_of(agent.call(capability, params), timeout=120)
+    assert result["payload"]["success"] is True, result
+
+
+def render_locally(html: str) -> bytes:
+    """The same WeasyPrint call the runner makes, without the stack around it."""
+    document: bytes = weasyprint.HTML(string=html).write_pdf()
+    return document
+
+
+def naive_resize(data: bytes) -> bytes:
+    resized = Image.open(io.BytesIO(data)).resize((800, 600), Image.Resampling.LANCZOS)
+    out = io.BytesIO()
+    resized.save(out, "JPEG")
+    return out.getvalue()
+
+
+def best_resize(data: bytes) -> bytes:
+    image = images.fast_downscale(data, (800, 600))
+    out = io.BytesIO()
+    image.save(out, "JPEG")
+    return out.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    jpeg = photo()
+    image_params: dict[str, Any] = {
+        "image": {"content": base64.b64encode(jpeg).decode(), "mimeType": "image/jpeg",
+                  "encoding": "base64"},
+        "operations": [{"type": "resize", "width": 800, "height": 600, "fit": "fill"}],
+        "format": "jpeg",
+    }  # fmt: skip
+    rows: dict[str, list[float]] = {}
+    try:
+        STACK.start()
+        with Agent(STACK.ws_url) as agent:
+            agent.initialize()
+            for pages in (10, 50):
+                html = document(pages)
+                through_stack(agent, "export.pdf", {"html": html})  # warm-up
+                pdf.warm_up()
+                for _ in range(args.rounds):
+                    rows.setdefault(f"pdf{pages}-stack", []).append(
+                        timed(partial(through_stack, agent, "export.pdf", {"html": html}))
+                    )
+                    rows.setdefault(f"pdf{pages}-local", []).append(
+                        timed(partial(render_locally, html))
+                    )
+            through_stack(agent, "process.image", image_params)
+            for _ in range(args.rounds * 2):
+                rows.setdefault("img-stack", []).append(
+                    timed(lambda: through_stack(agent, "process.image", image_params))
+                )
+                rows.setdefault("img-best", []).append(timed(lambda: best_resize(jpeg)))
+                rows.setdefault("img-naive", []).append(timed(lambda: naive_resize(jpeg)))
+    finally:
+        STACK.stop()
+        STACK.remove_files()
+
+    med = {key: statistics.median(values) for key, values in rows.items()}
+    print(f"\n== export.pdf through the stack vs WeasyPrint in-process ({args.rounds} rounds)")
+    for pages in (10, 50):
+        print(stats.line(f"{pages} pages, in-process write_pdf()", rows[f"pdf{pages}-local"]))
+        print(stats.line(f"{pages} pages, through the stack", rows[f"pdf{pages}-stack"],
+                         med[f"pdf{pages}-local"]))  # fmt: skip
+    print(f"\n== process.image: 12 MP JPEG ({len(jpeg) / 1e6:.1f} MB) to 800x600")
+    print(stats.line("naive Image.open + resize (in-process)", rows["img-naive"]))
+    print(stats.line("best recipe, draft + reduce (in-process)", rows["img-best"]))
+    print(stats.line("through the stack (vs best recipe)", rows["img-stack"], med["img-best"]))
+    print(f"   naive / through the stack: {med['img-naive'] / med['img-stack']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
