@@ -79,7 +79,28 @@ def _validator(name: str) -> Draft202012Validator:
 
 def _best_error(validator: Draft202012Validator, params: dict[str, Any]) -> ValidationError | None:
     errors = sorted(validator.iter_errors(params), key=lambda e: (len(e.path), str(e.path)))
-    return errors[0] if errors else None
+    return _specific(errors[0]) if errors else None
+
+
+def _specific(error: ValidationError) -> ValidationError:
+    """For a `oneOf` of tagged variants (operations), the error inside the variant meant.
+
+    "Not valid under any of the given schemas" names no field; the variant whose
+    `type` constant matched is the one the agent meant, and its first error does.
+    """
+    if error.validator not in ("oneOf", "anyOf") or not error.context:
+        return error
+    by_branch: dict[int, list[ValidationError]] = {}
+    for sub in error.context:
+        by_branch.setdefault(sub.schema_path[0] if sub.schema_path else -1, []).append(sub)
+    meant = [
+        branch
+        for branch in by_branch.values()
+        if not any(e.validator == "const" and list(e.relative_path) == ["type"] for e in branch)
+    ]
+    if len(meant) != 1:
+        return error
+    return _specific(min(meant[0], key=lambda e: (len(e.path), str(e.path))))
 
 
 def _wire_error(error: ValidationError) -> WireError:

@@ -1,0 +1,160 @@
+"""The product's capabilities over the real stack, and their discovery."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from capabilities.models import Job, JobStatus
+from tests.support.agent import Agent
+from tests.support.stack import Stack
+from tests.support.waiting import eventually, seconds_between
+
+
+@pytest.fixture
+def agent(stack: Stack) -> Iterator[Agent]:
+    connected = Agent(stack.ws_url)
+    connected.initialize()
+    yield connected
+    connected.close()
+
+
+def binary(data: bytes, mime: str) -> dict[str, str]:
+    return {"content": base64.b64encode(data).decode(), "mimeType": mime, "encoding": "base64"}
+
+
+def rotated_jpeg() -> bytes:
+    """A 60x40 landscape JPEG whose EXIF says: rotate 90 degrees clockwise to view."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.new("RGB", (60, 40), (200, 30, 30)).save(buffer, "JPEG", exif=exif)
+    return buffer.getvalue()
+
+
+def bomb_png(width: int = 30000, height: int = 30000) -> bytes:
+    """A valid PNG header announcing a huge image, with a few bytes of data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return len(data).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
+
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])
+    pixels = zlib.compress(b"\x00" * 1000)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+def call(agent: Agent, capability: str, params: dict[str, Any]) -> dict[str, Any]:
+    payload: dict[str, Any] = agent.result_of(agent.call(capability, params), timeout=30)["payload"]
+    return payload
+
+
+def test_process_image_applies_exif_then_operations(agent: Agent) -> None:
+    payload = call(
+        agent,
+        "process.image",
+        {
+            "image": binary(rotated_jpeg(), "image/jpeg"),
+            "operations": [{"type": "grayscale"}, {"type": "convert", "format": "png"}],
+        },
+    )
+    assert payload["success"] is True, payload
+    data = payload["data"]
+    assert (data["width"], data["height"]) == (40, 60)  # portrait once the EXIF is applied
+    image_data = data["image"]
+    assert image_data["mimeType"] == "image/png"
+    decoded = Image.open(io.BytesIO(base64.b64decode(image_data["content"])))
+    assert decoded.format == "PNG"
+    assert decoded.size == (40, 60)
+    assert decoded.mode == "L"
+
+
+@pytest.mark.parametrize(
+    ("params", "code", "path"),
+    [
+        ({"image": binary(bomb_png(), "image/png"), "operations": []}, "INVALID_PARAMS",
+         "params.image.content"),
+        ({"image": binary(rotated_jpeg(), "image/jpeg"),
+          "operations": [{"type": "resize", "width": 50000}]}, "INVALID_PARAMS",
+         "params.operations[0].width"),
+        ({"image": binary(b"BM" + b"\x00" * 100, "image/bmp"), "operations": []},
+         "INVALID_PARAMS", "params.image.content"),
+        ({"image": {"content": "not base64 at all!", "encoding": "base64"}, "operations": []},
+         "INVALID_PARAMS", "params.image.content"),
+    ],
+)  # fmt: skip
+def test_process_image_refusals(agent: Agent, params: dict[str, Any], code: str, path: str) -> None:
+    payload = call(agent, "process.image", params)
+    assert payload["success"] is False
+    assert payload["error"]["code"] == code
+    assert payload["error"]["details"]["path"] == path
+
+
+def test_cancel_a_running_image_job(agent: Agent) -> None:
+    buffer = io.BytesIO()
+    # Smooth, so it stays small on the wire (the tests' frame limit is 1 MiB).
+    Image.linear_gradient("L").resize((3000, 2000)).convert("RGB").save(buffer, "JPEG")
+    heavy = {
+        "image": binary(buffer.getvalue(), "image/jpeg"),
+        "operations": [{"type": "blur", "radius": 60}] * 6,
+    }
+    call_id = agent.call("process.image", heavy, call_id="img-cancel")
+    eventually(
+        Job.objects.filter(
+            session_id=agent.session_id, call_id="img-cancel", status=JobStatus.RUNNING
+        ).exists
+    )
+    agent.cancel("img-cancel")
+    assert agent.result_of(call_id)["payload"]["cancelled"] is True
+    job = eventually(
+        Job.objects.filter(
+            session_id=agent.session_id, call_id="img-cancel", stopped_at__isnull=False
+        ).first
+    )
+    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
+    assert not job.hard_killed
+
+
+def test_markdown_to_sanitized_html(agent: Agent) -> None:
+    payload = call(
+        agent,
+        "convert.markdownToHtml",
+        {"markdown": "# Title\n\n*hi* <script>alert(1)</script> [x](javascript:alert(1))"},
+    )
+    html = payload["data"]["html"]
+    assert "<h1>Title</h1>" in html
+    assert "<em>hi</em>" in html
+    assert "<script" not in html
+    assert "javascript:" not in html
+
+
+def test_manifest_and_initialize_come_from_one_registry(stack: Stack, agent: Agent) -> None:
+    with urllib.request.urlopen(stack.http_url + "/abp.json", timeout=10) as response:
+        manifest = json.load(response)
+        assert response.headers["Content-Type"] == "application/json"
+        assert response.headers["Access-Control-Allow-Origin"] == "*"
+        assert "max-age=" in response.headers["Cache-Control"]
+    names = [c["name"] for c in manifest["capabilities"]]
+    assert names[:3] == ["export.pdf", "process.image", "convert.markdownToHtml"]
+    for capability in manifest["capabilities"]:
+        assert capability["inputSchema"]["type"] == "object"
+        assert capability["outputSchema"]["type"] == "object"
+    again = agent.send("initialize", {})
+    assert agent.reply_to(again, "initialize-result")["payload"]["error"]["code"] == (
+        "ALREADY_INITIALIZED"
+    )
+    with Agent(stack.ws_url) as other:
+        offered = [c["name"] for c in other.initialize()["payload"]["capabilities"]]
+    assert offered == names
+    with urllib.request.urlopen(stack.http_url + "/", timeout=10) as page:
+        assert '<link rel="abp-manifest" href="/abp.json">' in page.read().decode()
