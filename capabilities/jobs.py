@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from capabilities import aborts, row_updates
+from capabilities import aborts, inputs, row_updates
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
 
@@ -86,13 +86,14 @@ def create_job(
         timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
     )
     now = timezone.now()
+    job_id = uuid.uuid4()
     job = Job(
-        id=uuid.uuid4(),
+        id=job_id,
         session_id=session_id,
         call_id=call_id,
         request_id=request_id,
         capability=capability,
-        params=params,
+        params=inputs.spill(str(job_id), params),
         progress_token=progress_token,
         notify_started=notify_started,
         created_at=now,

@@ -15,11 +15,14 @@ from django.core.files.storage import default_storage
 from django.db.models import Q
 from django.utils import timezone
 
+from capabilities.inputs import INPUTS_DIR
 from capabilities.models import AgentSession, Job
 
 logger = logging.getLogger(__name__)
 
 RESULTS_DIR = "results"
+# Spilled inputs of jobs that never ran (cancelled while queued) are left behind.
+FOLDERS = (RESULTS_DIR, INPUTS_DIR)
 
 
 def clean_up() -> tuple[int, int]:
@@ -27,7 +30,7 @@ def clean_up() -> tuple[int, int]:
     now = timezone.now()
     files_before = now - timedelta(seconds=settings.ABP["RESULT_RETENTION_SECONDS"])
     rows_before = now - timedelta(days=settings.ABP["JOB_RETENTION_DAYS"])
-    folders = _remove_result_files(files_before)
+    folders = sum(_remove_old_files(top, files_before) for top in FOLDERS)
     deleted_jobs, _ = Job.objects.filter(settled_at__lt=rows_before).delete()
     AgentSession.objects.filter(closed_at__lt=rows_before, jobs__isnull=True).delete()
     if folders or deleted_jobs:
@@ -35,10 +38,10 @@ def clean_up() -> tuple[int, int]:
     return folders, deleted_jobs
 
 
-def _remove_result_files(settled_before: datetime) -> int:
-    if not default_storage.exists(RESULTS_DIR):
+def _remove_old_files(top: str, settled_before: datetime) -> int:
+    if not default_storage.exists(top):
         return 0
-    folders, _ = default_storage.listdir(RESULTS_DIR)
+    folders, _ = default_storage.listdir(top)
     keep = set(
         Job.objects.filter(pk__in=folders)
         .filter(Q(settled_at__isnull=True) | Q(settled_at__gte=settled_before))
@@ -49,7 +52,7 @@ def _remove_result_files(settled_before: datetime) -> int:
     for folder in folders:
         if folder in kept:
             continue
-        path = f"{RESULTS_DIR}/{folder}"
+        path = f"{top}/{folder}"
         for name in default_storage.listdir(path)[1]:
             default_storage.delete(f"{path}/{name}")
         removed += 1

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from capabilities import aborts, jobs, registry, results
+from capabilities import aborts, inputs, jobs, registry, results
 from capabilities.context import CapabilityError, JobAborted
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.notifier import notify
@@ -123,6 +123,8 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
         return
     except SoftTimeLimitExceeded:
         outcome = jobs.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
+    finally:
+        inputs.discard(job.params)
     if jobs.settle(job_id, outcome, work_stopped=True):
         note: dict[str, Any] = {"type": "job.settled", "call_id": job.call_id}
         response = results.inline_response(job, outcome)
@@ -141,8 +143,9 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
             WireError(code=ErrorCode.UNKNOWN_CAPABILITY, message="Capability no longer exists.")
         )
     runner = spec.load_runner()
+    params = inputs.restore(job.params)
     try:
-        data = interrupter.run(lambda: runner(job.params, context))
+        data = interrupter.run(lambda: runner(params, context))
     except CapabilityError as exc:
         return jobs.Outcome.failed(
             WireError(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.files.storage import default_storage
 from PIL import Image
 
 from capabilities.models import Job, JobStatus
@@ -123,6 +124,21 @@ def test_cancel_a_running_image_job(agent: Agent) -> None:
     )
     assert seconds_between(job.settled_at, job.stopped_at) < 1.0
     assert not job.hard_killed
+
+
+def test_large_inputs_stay_out_of_the_job_row(agent: Agent) -> None:
+    buffer = io.BytesIO()
+    Image.effect_noise((400, 400), 60).convert("RGB").save(buffer, "JPEG", quality=95)
+    assert len(buffer.getvalue()) * 4 / 3 > 64 * 1024
+    params = {"image": binary(buffer.getvalue(), "image/jpeg"), "operations": []}
+    call_id = agent.call("process.image", params, call_id="spilled")
+    assert agent.result_of(call_id)["payload"]["data"]["width"] == 400
+    job = Job.objects.get(session_id=agent.session_id, call_id="spilled")
+    image = job.params["image"]
+    assert image["content"] is None
+    assert image["length"] == len(params["image"]["content"])
+    # The worker removed it once the work was over.
+    assert not default_storage.exists(image["$spilled"])
 
 
 def test_markdown_to_sanitized_html(agent: Agent) -> None:
