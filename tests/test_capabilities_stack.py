@@ -130,7 +130,7 @@ def test_large_inputs_stay_out_of_the_job_row(agent: Agent) -> None:
     buffer = io.BytesIO()
     Image.effect_noise((400, 400), 60).convert("RGB").save(buffer, "JPEG", quality=95)
     assert len(buffer.getvalue()) * 4 / 3 > 64 * 1024
-    params = {"image": binary(buffer.getvalue(), "image/jpeg"), "operations": []}
+    params: dict[str, Any] = {"image": binary(buffer.getvalue(), "image/jpeg"), "operations": []}
     call_id = agent.call("process.image", params, call_id="spilled")
     assert agent.result_of(call_id)["payload"]["data"]["width"] == 400
     job = Job.objects.get(session_id=agent.session_id, call_id="spilled")
