@@ -215,6 +215,11 @@ ABP: dict[str, Any] = {
     "EXTRA_CAPABILITIES": [],
 }
 
+# `manage.py ensure_dev_superuser` (run by `make run`) creates this user; it refuses
+# to run unless DEBUG is on.
+DEV_SUPERUSER_USERNAME = os.environ.get("DJANGO_DEV_SUPERUSER_USERNAME", "admin")
+DEV_SUPERUSER_PASSWORD = os.environ.get("DJANGO_DEV_SUPERUSER_PASSWORD", "admin")
+
 LOG_LEVEL = os.environ.get("DJANGO_LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,

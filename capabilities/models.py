@@ -122,6 +122,12 @@ class Job(models.Model):
             # The reaper: cancelled jobs whose worker has not stopped yet.
             models.Index(fields=("status", "stopped_at"), name="job_status_stopped_idx"),
             models.Index(fields=("-created_at",), name="job_created_idx"),
+            # The admin's filters, each with its newest-first order.
+            models.Index(fields=("status", "-created_at"), name="job_status_created_idx"),
+            models.Index(fields=("capability", "-created_at"), name="job_capability_created_idx"),
+            models.Index(fields=("cancel_source", "-created_at"), name="job_cancel_created_idx"),
+            # The admin's search by callId alone.
+            models.Index(fields=("call_id",), name="job_call_id_idx"),
         )
 
     def __str__(self) -> str:
