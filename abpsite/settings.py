@@ -172,11 +172,24 @@ ABP: dict[str, Any] = {
     "APP_VERSION": "0.1.0",
     "APP_DESCRIPTION": "Cancellable PDF export and image processing for AI agents.",
     # The WebSocket frame limit (ABP_MAX_FRAME_BYTES) is enforced by Daphne, which
-    # reads it from its command line (Procfile, docker-compose.yml).
+    # reads it from its command line (Procfile, docker-compose.yml). The embed bridge
+    # reads the same number from here to refuse a larger message itself, with a coded
+    # error, instead of relaying it and losing the whole socket to a 1009 close.
+    "MAX_FRAME_BYTES": _env_int("ABP_MAX_FRAME_BYTES", 16 * 1024 * 1024),
+    # Origins (scheme://host[:port], exact; `:*` for any port) whose pages may embed
+    # /abp/embed/ and talk ABP to it by postMessage. The app's own origin always may.
+    # Empty in production unless set; in DEBUG it defaults to any port on localhost and
+    # 127.0.0.1, so that a local page can embed the app without configuration.
+    "EMBED_ALLOWED_ORIGINS": _env_list(
+        "ABP_EMBED_ALLOWED_ORIGINS", "http://localhost:*,http://127.0.0.1:*" if DEBUG else ""
+    ),
     # Abort flags: a key per job with a TTL longer than any job's life, plus a publish.
     "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", "abp:abort:"),
     "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", "abp:abort"),
     "ABORT_TTL_SECONDS": _env_int("ABP_ABORT_TTL_SECONDS", 24 * 3600),
+    # A running job whose worker has not written a heartbeat for this long is failed
+    # with WORKER_LOST (retryable); workers write one every third of it.
+    "WORKER_LOST_AFTER_SECONDS": _env_float("ABP_WORKER_LOST_AFTER_SECONDS", 10.0),
     # A worker still on a cancelled job after this long is killed (SIGKILL).
     "HARD_KILL_GRACE_SECONDS": _env_float("ABP_HARD_KILL_GRACE_SECONDS", 3.0),
     # Binary results up to this size are inlined as base64; larger ones are sent as

@@ -12,7 +12,7 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -163,11 +163,42 @@ def settle(job_id: uuid.UUID | str, outcome: Outcome, *, work_stopped: bool = Fa
 
 def mark_running(job_id: str, worker: str) -> bool:
     """Queued -> running; False if the job was settled or is already running elsewhere."""
+    now = timezone.now()
     return row_updates.update_if(
         job_id,
         (JobStatus.QUEUED,),
-        {"status": JobStatus.RUNNING, "started_at": timezone.now(), "worker": worker[:200]},
+        {
+            "status": JobStatus.RUNNING,
+            "started_at": now,
+            "heartbeat_at": now,
+            "worker": worker[:200],
+        },
     )
+
+
+def heartbeat(job_id: str) -> None:
+    """The worker running this job is alive."""
+    row_updates.update_if(job_id, (JobStatus.RUNNING,), {"heartbeat_at": timezone.now()})
+
+
+def fail_lost(job_id: uuid.UUID | str, *, last_seen: datetime | None = None) -> bool:
+    """Fail a job whose worker died (retryable), tell its agent; True if this settled it."""
+    from capabilities.notifier import notify  # channels' layer loads lazily
+
+    error = WireError(
+        code=ErrorCode.WORKER_LOST,
+        message="The worker running this call stopped unexpectedly; it can be retried.",
+        retryable=True,
+    )
+    if not settle(job_id, Outcome.failed(error)):
+        return False
+    Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(
+        stopped_at=last_seen or timezone.now()
+    )
+    job = Job.objects.filter(pk=job_id).only("session_id", "call_id").first()
+    if job is not None:
+        notify(str(job.session_id), {"type": "job.settled", "call_id": job.call_id})
+    return True
 
 
 def record_stopped(job_id: str, *, hard_killed: bool = False) -> None:

@@ -109,6 +109,9 @@ class Job(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     hard_killed = models.BooleanField(default=False)
+    # Written every few seconds while a worker runs the job; a stale one means the
+    # worker is gone (the reaper then fails the job with WORKER_LOST).
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
 
     class Meta:
@@ -119,6 +122,8 @@ class Job(models.Model):
         indexes = (
             # The reaper: active jobs past their deadline.
             models.Index(fields=("status", "deadline"), name="job_status_deadline_idx"),
+            # The reaper: running jobs whose heartbeat went stale.
+            models.Index(fields=("status", "heartbeat_at"), name="job_status_heartbeat_idx"),
             # The reaper: cancelled jobs whose worker has not stopped yet.
             models.Index(fields=("status", "stopped_at"), name="job_status_stopped_idx"),
             models.Index(fields=("-created_at",), name="job_created_idx"),

@@ -41,6 +41,13 @@ def reap() -> None:
     for job_id in stuck:
         logger.warning("Job %s still running %s after its cancel: killing", job_id, grace)
         jobs.revoke(job_id, kill=True)
+    stale = now - timedelta(seconds=settings.ABP["WORKER_LOST_AFTER_SECONDS"])
+    lost = Job.objects.filter(status=JobStatus.RUNNING, heartbeat_at__lt=stale).values_list(
+        "id", "heartbeat_at"
+    )[:BATCH]
+    for job_id, last_seen in lost:
+        if jobs.fail_lost(job_id, last_seen=last_seen):
+            logger.warning("Job %s lost its worker (last heartbeat %s)", job_id, last_seen)
 
 
 def end_overdue(job_id: str) -> None:

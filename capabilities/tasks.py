@@ -8,10 +8,11 @@ import os
 import sys
 from typing import Any
 
+from billiard.exceptions import WorkerLostError
 from celery import shared_task
-from celery.signals import task_revoked, worker_init, worker_process_init
+from celery.signals import task_failure, task_revoked, worker_init, worker_process_init
 
-from capabilities import aborts, jobs, reaper, registry, retention, worker
+from capabilities import aborts, heartbeat, jobs, reaper, registry, retention, worker
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,18 @@ def _start_abort_watcher(**_: Any) -> None:
     # the GIL from a busy render quickly: Python's default hand-over waits 5 ms.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     aborts.start_watcher()
+    heartbeat.start()
+
+
+@task_failure.connect
+def _on_failure(
+    sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
+) -> None:
+    # Runs in the worker's main process when a child died under a task: the job's
+    # agent is answered now rather than when its heartbeat goes stale.
+    lost = getattr(sender, "name", None) == run_job.name and isinstance(exception, WorkerLostError)
+    if lost and task_id is not None and jobs.fail_lost(task_id):
+        logger.warning("Job %s lost with its worker process", task_id)
 
 
 @task_revoked.connect

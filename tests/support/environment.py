@@ -29,6 +29,7 @@ def prepare(prefix: str, **overrides: str) -> Stack:
             "DJANGO_LOG_LEVEL": "INFO",
             "ABP_REAPER_INTERVAL_SECONDS": "0.5",
             "ABP_HARD_KILL_GRACE_SECONDS": "1.5",
+            "ABP_WORKER_LOST_AFTER_SECONDS": "3",
             "ABP_MAX_FRAME_BYTES": str(1024 * 1024),
             # Small, so that tests see both inline results and download URLs.
             "ABP_INLINE_RESULT_MAX_BYTES": str(256 * 1024),
