@@ -107,12 +107,14 @@ def test_cancel_queued_call_never_starts_it(stack: Stack, agent: Agent) -> None:
     with Agent(stack.ws_url) as other:
         other.initialize()
         for n in range(2):
-            other.call("test.sleep", {"steps": 100, "stepMs": 20}, call_id=f"fill-{n}")
+            # Long enough to overlap even if a slot frees late; cancelled below.
+            other.call("test.sleep", {"steps": 1500, "stepMs": 20}, call_id=f"fill-{n}")
         eventually(
             lambda: (
                 Job.objects.filter(session_id=other.session_id, status=JobStatus.RUNNING).count()
                 == 2
-            )
+            ),
+            timeout=30,
         )
         call = agent.call("test.sleep", {"steps": 1, "stepMs": 1}, call_id="queued")
         cancel = agent.cancel("queued")
