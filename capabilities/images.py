@@ -5,23 +5,21 @@ every operation are checked against the limits first (`plan`). A JPEG whose firs
 geometric operation shrinks it is decoded at 1/2, 1/4 or 1/8 scale (`fast_downscale`
 is that recipe alone). Checkpoints: every block the decoder reads or the encoder
 writes, between operations, and between the bands of a large blur or sharpen.
-Only workers import this module (the schemas live in `images_spec`).
+Only workers import this module (the schemas live in `images_spec`); the parameters
+are read in `images_params`, the sizes planned in `images_geometry`.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import io
 import math
 import struct
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, get_args
+from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
 from PIL import (
     ExifTags,
     Image,
@@ -32,29 +30,48 @@ from PIL import (
     UnidentifiedImageError,
 )
 
-from capabilities.context import CapabilityError, JobContext
+# The `name as name` imports are re-exports: the tests reach them through this module.
+from capabilities.context import JobContext
+from capabilities.images_geometry import (
+    Box,
+    Size,
+    _check_size,
+    _draft_size,
+    _Scaling,
+    _scaling,
+)
+from capabilities.images_geometry import plan as plan  # noqa: PLC0414
+from capabilities.images_params import (
+    _CONTENT,
+    Blur,
+    Compress,
+    Convert,
+    Crop,
+    Flip,
+    Grayscale,
+    Operation,
+    Request,
+    Resize,
+    Sharpen,
+    Thumbnail,
+    _image_bytes,
+    _invalid,
+    parse,
+)
+from capabilities.images_params import _OPERATION_FIELDS as _OPERATION_FIELDS  # noqa: PLC0414
+from capabilities.images_params import Limits as Limits  # noqa: PLC0414
+from capabilities.images_params import Rotate as Rotate  # noqa: PLC0414
 from capabilities.images_spec import (
     DEFAULT_FILENAME_STEM,
-    DEFAULT_FIT,
     DEFAULT_QUALITY,
-    DEFAULT_SHARPEN_PERCENT,
-    DEFAULT_SHARPEN_RADIUS,
-    DEFAULT_SHARPEN_THRESHOLD,
-    MAX_FILTER_RADIUS,
-    MAX_OPERATIONS,
-    MAX_SHARPEN_PERCENT,
     Fit,
     FlipDirection,
     ImageFormat,
-    OperationType,
 )
-from capabilities.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-Size = tuple[int, int]
-Box = tuple[float, float, float, float]
 Checkpoint = Callable[[], None]
 
 # Pillow's names of the formats we open; an MPO (a camera's multi-picture JPEG) comes
@@ -70,511 +87,6 @@ _ENCODER_MAX_SIDE = {ImageFormat.JPEG: 65_500, ImageFormat.WEBP: 16_383, ImageFo
 REDUCING_GAP = 3.0
 # A blur or sharpen of a larger image runs in bands of about this many pixels.
 _BAND_PIXELS = 4_000_000
-_CONTENT = "params.image.content"
-
-
-# --- Parameters --------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Resize:
-    """Resize to a width, a height or both; `fit` applies when both are given."""
-
-    kind: ClassVar[OperationType] = OperationType.RESIZE
-
-    width: int | None
-    height: int | None
-    fit: Fit
-
-
-@dataclass(frozen=True, kw_only=True)
-class Thumbnail:
-    """Shrink into width x height, keeping the aspect ratio; never enlarge."""
-
-    kind: ClassVar[OperationType] = OperationType.THUMBNAIL
-
-    width: int
-    height: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Crop:
-    """Keep a rectangle that lies in the image."""
-
-    kind: ClassVar[OperationType] = OperationType.CROP
-
-    left: int
-    top: int
-    width: int
-    height: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rotate:
-    """Rotate clockwise."""
-
-    kind: ClassVar[OperationType] = OperationType.ROTATE
-
-    degrees: float
-    expand: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class Flip:
-    """Mirror the image."""
-
-    kind: ClassVar[OperationType] = OperationType.FLIP
-
-    direction: FlipDirection
-
-
-@dataclass(frozen=True, kw_only=True)
-class Blur:
-    """Gaussian blur."""
-
-    kind: ClassVar[OperationType] = OperationType.BLUR
-
-    radius: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sharpen:
-    """Unsharp mask."""
-
-    kind: ClassVar[OperationType] = OperationType.SHARPEN
-
-    radius: float
-    percent: int
-    threshold: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Grayscale:
-    """Convert to grayscale, keeping transparency."""
-
-    kind: ClassVar[OperationType] = OperationType.GRAYSCALE
-
-
-@dataclass(frozen=True, kw_only=True)
-class Compress:
-    """Set the output quality."""
-
-    kind: ClassVar[OperationType] = OperationType.COMPRESS
-
-    quality: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Convert:
-    """Set the output format."""
-
-    kind: ClassVar[OperationType] = OperationType.CONVERT
-
-    format: ImageFormat
-
-
-Operation = (
-    Resize | Thumbnail | Crop | Rotate | Flip | Blur | Sharpen | Grayscale | Compress | Convert
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Request:
-    """The call's parameters, checked and typed."""
-
-    content: str
-    operations: tuple[Operation, ...]
-    format: ImageFormat | None
-    quality: int | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Limits:
-    """The server's limits (settings.ABP), read once per call."""
-
-    input_bytes: int
-    pixels: int
-    dimension: int
-    output_bytes: int
-
-    @classmethod
-    def from_settings(cls) -> Limits:
-        abp = settings.ABP
-        # Pillow refuses more than its own MAX_IMAGE_PIXELS (with a warning we make an
-        # error) in open() and crop(): past it, our clearer refusal comes first.
-        pillow = Image.MAX_IMAGE_PIXELS
-        pixels: int = abp["MAX_IMAGE_PIXELS"]
-        return cls(
-            input_bytes=abp["MAX_IMAGE_BYTES"],
-            pixels=pixels if pillow is None else min(pixels, pillow),
-            dimension=abp["MAX_IMAGE_DIMENSION"],
-            output_bytes=abp["MAX_IMAGE_OUTPUT_BYTES"],
-        )
-
-
-def _error(code: ErrorCode, path: str, message: str, **details: Any) -> CapabilityError:
-    return CapabilityError(code, message, details={"path": path, **details})
-
-
-def _invalid(path: str, message: str, **details: Any) -> CapabilityError:
-    return _error(ErrorCode.INVALID_PARAMS, path, message, **details)
-
-
-_E = TypeVar("_E", ImageFormat, Fit, FlipDirection)
-_ABSENT = object()
-
-
-class _Fields:
-    """Typed reads of one JSON object's fields; each refusal names the field's path."""
-
-    def __init__(self, value: object, path: str, allowed: Collection[str]) -> None:
-        if not isinstance(value, dict):
-            raise _error(ErrorCode.INVALID_TYPE, path, f"'{path}' must be an object.")
-        unknown = sorted(str(key) for key in value if key not in allowed)
-        if unknown:
-            raise _invalid(f"{path}.{unknown[0]}", f"Unknown parameter '{path}.{unknown[0]}'.")
-        self._values: dict[str, object] = value
-        self._path = path
-
-    def path(self, name: str) -> str:
-        return f"{self._path}.{name}"
-
-    def missing(self, name: str) -> CapabilityError:
-        path = self.path(name)
-        return _error(ErrorCode.MISSING_PARAM, path, f"Missing parameter '{path}'.")
-
-    def raw(self, name: str) -> object:
-        """The value, or _ABSENT."""
-        return self._values.get(name, _ABSENT)
-
-    def integer(self, name: str, low: int, high: int, default: int | None = None) -> int:
-        value = self.optional_integer(name, low, high)
-        if value is not None:
-            return value
-        if default is not None:
-            return default
-        raise self.missing(name)
-
-    def optional_integer(self, name: str, low: int, high: int) -> int | None:
-        value = self.raw(name)
-        if value is _ABSENT:
-            return None
-        path = self.path(name)
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _error(ErrorCode.INVALID_TYPE, path, f"'{path}' must be an integer.")
-        if not low <= value <= high:
-            raise _invalid(path, f"'{path}' must be from {low} to {high}.")
-        return value
-
-    def number(self, name: str, low: float, high: float, default: float | None = None) -> float:
-        value = self.raw(name)
-        if value is _ABSENT:
-            if default is None:
-                raise self.missing(name)
-            return default
-        path = self.path(name)
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise _error(ErrorCode.INVALID_TYPE, path, f"'{path}' must be a number.")
-        if not low <= value <= high:  # also refuses NaN
-            raise _invalid(path, f"'{path}' must be from {low:g} to {high:g}.")
-        return float(value)
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.raw(name)
-        if value is _ABSENT:
-            return default
-        if not isinstance(value, bool):
-            path = self.path(name)
-            raise _error(ErrorCode.INVALID_TYPE, path, f"'{path}' must be a boolean.")
-        return value
-
-    def string(self, name: str) -> str | None:
-        value = self.raw(name)
-        if value is _ABSENT:
-            return None
-        if not isinstance(value, str):
-            path = self.path(name)
-            raise _error(ErrorCode.INVALID_TYPE, path, f"'{path}' must be a string.")
-        return value
-
-    def choice(self, name: str, kind: type[_E], default: _E | None = None) -> _E:
-        value = self.optional_choice(name, kind)
-        if value is not None:
-            return value
-        if default is not None:
-            return default
-        raise self.missing(name)
-
-    def optional_choice(self, name: str, kind: type[_E]) -> _E | None:
-        value = self.string(name)
-        if value is None:
-            return None
-        try:
-            return kind(value)
-        except ValueError:
-            path = self.path(name)
-            choices = ", ".join(member.value for member in kind)
-            raise _invalid(path, f"'{path}' must be one of: {choices}.") from None
-
-
-# Each operation's parameters besides `type`: its dataclass fields.
-_OPERATION_FIELDS: dict[OperationType, frozenset[str]] = {
-    cls.kind: frozenset(field.name for field in dataclasses.fields(cls))
-    for cls in get_args(Operation)
-}
-
-
-def parse(params: dict[str, Any], limits: Limits) -> Request:
-    """The parameters, checked and typed, or a CapabilityError naming the bad one."""
-    fields = _Fields(params, "params", ("image", "operations", "format", "quality"))
-    if fields.raw("image") is _ABSENT:
-        raise fields.missing("image")
-    image = _Fields(
-        fields.raw("image"), "params.image", ("content", "mimeType", "encoding", "size", "filename")
-    )
-    content = image.string("content")
-    if content is None:
-        raise image.missing("content")
-    if image.string("encoding") not in (None, "base64"):
-        raise _invalid("params.image.encoding", "'params.image.encoding' must be 'base64'.")
-    # Informative only (the format is read from the content, the size counted), but typed.
-    image.string("mimeType")
-    image.string("filename")
-    image.optional_integer("size", 0, 2**63)
-    operations = fields.raw("operations")
-    if operations is _ABSENT:
-        operations = []
-    if not isinstance(operations, list):
-        path = "params.operations"
-        raise _error(ErrorCode.INVALID_TYPE, path, f"'{path}' must be an array.")
-    if len(operations) > MAX_OPERATIONS:
-        raise _invalid("params.operations", f"At most {MAX_OPERATIONS} operations.")
-    return Request(
-        content=content,
-        operations=tuple(
-            _operation(value, f"params.operations[{index}]", limits)
-            for index, value in enumerate(operations)
-        ),
-        format=fields.optional_choice("format", ImageFormat),
-        quality=fields.optional_integer("quality", 1, 100),
-    )
-
-
-def _operation(value: object, path: str, limits: Limits) -> Operation:
-    if not isinstance(value, dict):
-        raise _error(ErrorCode.INVALID_TYPE, path, f"'{path}' must be an object.")
-    if "type" not in value:
-        raise _error(ErrorCode.MISSING_PARAM, f"{path}.type", f"Missing parameter '{path}.type'.")
-    try:
-        type_ = OperationType(value["type"])
-    except ValueError:
-        names = ", ".join(t.value for t in OperationType)
-        raise _invalid(f"{path}.type", f"'{path}.type' must be one of: {names}.") from None
-    fields = _Fields(value, path, _OPERATION_FIELDS[type_] | {"type"})
-    side = limits.dimension
-    match type_:
-        case OperationType.RESIZE:
-            width = fields.optional_integer("width", 1, side)
-            height = fields.optional_integer("height", 1, side)
-            if width is None and height is None:
-                raise _error(
-                    ErrorCode.MISSING_PARAM, path, f"'{path}' needs a width, a height or both."
-                )
-            fit = fields.choice("fit", Fit, DEFAULT_FIT)
-            return Resize(width=width, height=height, fit=fit)
-        case OperationType.THUMBNAIL:
-            return Thumbnail(
-                width=fields.integer("width", 1, side), height=fields.integer("height", 1, side)
-            )
-        case OperationType.CROP:
-            return Crop(
-                left=fields.integer("left", 0, side),
-                top=fields.integer("top", 0, side),
-                width=fields.integer("width", 1, side),
-                height=fields.integer("height", 1, side),
-            )
-        case OperationType.ROTATE:
-            degrees = fields.number("degrees", -360, 360)
-            return Rotate(degrees=degrees, expand=fields.boolean("expand", True))
-        case OperationType.FLIP:
-            return Flip(direction=fields.choice("direction", FlipDirection))
-        case OperationType.BLUR:
-            return Blur(radius=fields.number("radius", 0, MAX_FILTER_RADIUS))
-        case OperationType.SHARPEN:
-            return Sharpen(
-                radius=fields.number("radius", 0, MAX_FILTER_RADIUS, DEFAULT_SHARPEN_RADIUS),
-                percent=fields.integer("percent", 0, MAX_SHARPEN_PERCENT, DEFAULT_SHARPEN_PERCENT),
-                threshold=fields.integer("threshold", 0, 255, DEFAULT_SHARPEN_THRESHOLD),
-            )
-        case OperationType.GRAYSCALE:
-            return Grayscale()
-        case OperationType.COMPRESS:
-            return Compress(quality=fields.integer("quality", 1, 100))
-        case OperationType.CONVERT:
-            return Convert(format=fields.choice("format", ImageFormat))
-
-
-def _image_bytes(content: str, limits: Limits) -> bytes:
-    """The decoded base64 content: strict, but line breaks (MIME style) are forgiven."""
-    limit = limits.input_bytes
-    too_large = _invalid(_CONTENT, f"The image is larger than {limit} bytes.", limit=limit)
-    # A far too long text is refused without decoding it (4 characters per 3 bytes).
-    if len(content) > 2 * 4 * (limit // 3 + 1) + 1024:
-        raise too_large
-    if content.startswith("data:"):
-        message = "'params.image.content' must be plain base64, not a data: URL."
-        raise _invalid(_CONTENT, message)
-    data = _b64decode(content)
-    if data is None:
-        compact = "".join(content.split())
-        data = _b64decode(compact) if compact != content else None
-    if data is None:
-        raise _invalid(_CONTENT, "'params.image.content' is not valid base64.")
-    if len(data) > limit:
-        raise too_large
-    return data
-
-
-def _b64decode(text: str) -> bytes | None:
-    try:
-        return base64.b64decode(text, validate=True)
-    except ValueError:  # binascii.Error, or text that is not ASCII
-        return None
-
-
-# --- Geometry: the size after each operation, known before any pixel is decoded -----
-
-
-@dataclass(frozen=True)
-class _Scaling:
-    """Where a resize takes its pixels from and where it puts them."""
-
-    region: Box  # the part of the picture resampled, in the picture's pixels
-    scaled: Size  # what that part is resampled to
-    canvas: Size  # the output: `scaled`, padded to this size (contain), centred
-    whole: Size  # the whole picture at the same scale: what a JPEG draft aims at
-
-
-def _fit_inside(size: Size, box: Size) -> Size:
-    """The largest size with `size`'s aspect ratio inside `box` (Image.thumbnail's rounding)."""
-    width, height = size
-    x, y = box
-    aspect = width / height
-
-    def round_aspect(number: float, key: Callable[[int], float]) -> int:
-        return max(min(math.floor(number), math.ceil(number), key=key), 1)
-
-    if x / y >= aspect:
-        return round_aspect(y * aspect, key=lambda n: abs(aspect - n / y)), y
-    return x, round_aspect(x / aspect, key=lambda n: 0 if n == 0 else abs(aspect - x / n))
-
-
-def _scaling(operation: Resize | Thumbnail, size: Size) -> _Scaling:
-    width, height = size
-    whole: Box = (0.0, 0.0, float(width), float(height))
-    if isinstance(operation, Thumbnail):
-        box = (operation.width, operation.height)
-        target = size if box[0] >= width and box[1] >= height else _fit_inside(size, box)
-        return _Scaling(whole, target, target, target)
-    w, h, fit = operation.width, operation.height, operation.fit
-    if w is None or h is None:
-        # The other side keeps the aspect ratio, rounded half up.
-        if w is None:
-            assert h is not None
-            w = max(1, math.floor(width * h / height + 0.5))
-        else:
-            h = max(1, math.floor(height * w / width + 0.5))
-        return _Scaling(whole, (w, h), (w, h), (w, h))
-    if fit is Fit.FILL:
-        return _Scaling(whole, (w, h), (w, h), (w, h))
-    if fit in (Fit.INSIDE, Fit.CONTAIN):
-        inner = _fit_inside(size, (w, h))
-        return _Scaling(whole, inner, (w, h) if fit is Fit.CONTAIN else inner, inner)
-    scale = max(w / width, h / height)
-    crop_width, crop_height = w / scale, h / scale
-    left, top = (width - crop_width) / 2, (height - crop_height) / 2
-    region = (left, top, left + crop_width, top + crop_height)
-    return _Scaling(region, (w, h), (w, h), (math.ceil(width * scale), math.ceil(height * scale)))
-
-
-def _rotated_size(size: Size, degrees: float, expand: bool) -> Size:
-    """The size Image.rotate(-degrees, expand=expand) gives, by Pillow's own arithmetic."""
-    width, height = size
-    angle = -degrees % 360.0
-    if not expand:
-        return size
-    if angle % 90 == 0:
-        return size if angle % 180 == 0 else (height, width)
-    radians = -math.radians(angle)
-    a, b = round(math.cos(radians), 15), round(math.sin(radians), 15)
-    d, e = -b, a
-    center_x, center_y = width / 2, height / 2
-    c = a * -center_x + b * -center_y + center_x
-    f = d * -center_x + e * -center_y + center_y
-    corners = ((0, 0), (width, 0), (width, height), (0, height))
-    xs = [a * x + b * y + c for x, y in corners]
-    ys = [d * x + e * y + f for x, y in corners]
-    return (
-        math.ceil(max(xs)) - math.floor(min(xs)),
-        math.ceil(max(ys)) - math.floor(min(ys)),
-    )
-
-
-def _size_after(operation: Operation, size: Size, path: str) -> Size:
-    match operation:
-        case Resize() | Thumbnail():
-            return _scaling(operation, size).canvas
-        case Crop(left=left, top=top, width=width, height=height):
-            if left + width > size[0] or top + height > size[1]:
-                message = (
-                    f"The crop {width}x{height} at ({left}, {top}) does not lie in the "
-                    f"{size[0]}x{size[1]} image."
-                )
-                raise _invalid(path, message)
-            return width, height
-        case Rotate(degrees=degrees, expand=expand):
-            return _rotated_size(size, degrees, expand)
-        case _:
-            return size
-
-
-def _check_size(size: Size, limits: Limits, path: str) -> None:
-    width, height = size
-    if max(width, height) > limits.dimension or width * height > limits.pixels:
-        message = (
-            f"A {width}x{height} image is over the limits: sides of {limits.dimension} "
-            f"pixels, {limits.pixels} pixels in all."
-        )
-        raise _invalid(path, message, limit=limits.pixels, dimensionLimit=limits.dimension)
-
-
-def plan(operations: tuple[Operation, ...], size: Size, limits: Limits) -> list[Size]:
-    """The image's size after each operation; refuses any over the limits, or a bad crop."""
-    sizes: list[Size] = []
-    for index, operation in enumerate(operations):
-        path = f"params.operations[{index}]"
-        size = _size_after(operation, size, path)
-        _check_size(size, limits, path)
-        sizes.append(size)
-    return sizes
-
-
-def _draft_size(operations: tuple[Operation, ...], size: Size) -> Size | None:
-    """The size a JPEG may be decoded down to, when the first geometric operation shrinks.
-
-    Grayscale (per pixel), compress and convert (output settings) may come before it.
-    """
-    for operation in operations:
-        if isinstance(operation, Grayscale | Compress | Convert):
-            continue
-        if isinstance(operation, Resize | Thumbnail):
-            whole = _scaling(operation, size).whole
-            if whole[0] < size[0] and whole[1] < size[1]:
-                return whole
-        return None
-    return None
 
 
 # --- Decoding ----------------------------------------------------------------------
