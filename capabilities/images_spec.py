@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from capabilities.registry import CapabilitySpec
+from capabilities.schemas import binary_result
 
 
 class ImageFormat(StrEnum):
@@ -259,39 +260,11 @@ INPUT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-_FILE_COMMON: dict[str, Any] = {
-    "mimeType": {"enum": [f.mime_type for f in ImageFormat]},
-    "size": {"type": "integer", "minimum": 0, "description": "Bytes."},
-    "filename": {"type": "string"},
-}
 OUTPUT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "properties": {
-        "image": {
-            "oneOf": [
-                {
-                    "title": "BinaryData",
-                    "type": "object",
-                    "properties": {
-                        "content": {"type": "string", "contentEncoding": "base64"},
-                        "encoding": {"const": "base64"},
-                        **_FILE_COMMON,
-                    },
-                    "required": ["content", "mimeType", "encoding", "size", "filename"],
-                },
-                {
-                    "title": "Download reference, for an image too large to inline",
-                    "type": "object",
-                    "properties": {
-                        "downloadUrl": {"type": "string", "format": "uri"},
-                        "expiresAt": {"type": "string", "format": "date-time"},
-                        **_FILE_COMMON,
-                    },
-                    "required": ["downloadUrl", "mimeType", "size", "filename", "expiresAt"],
-                },
-            ]
-        },
+        "image": binary_result({"enum": [f.mime_type for f in ImageFormat]}, "an image"),
         "width": {"type": "integer", "minimum": 1},
         "height": {"type": "integer", "minimum": 1},
     },

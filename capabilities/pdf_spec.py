@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from capabilities.registry import CapabilitySpec
+from capabilities.schemas import binary_result
 
 DESCRIPTION = (
     "Render an HTML document (with its CSS, print media) to a PDF. Relative URLs do not "
@@ -65,39 +66,11 @@ INPUT_SCHEMA: dict[str, Any] = {
     "else": {"not": {"required": ["html"]}},
 }
 
-_FILE_COMMON: dict[str, Any] = {
-    "mimeType": {"const": "application/pdf"},
-    "size": {"type": "integer", "minimum": 0, "description": "Bytes."},
-    "filename": {"type": "string"},
-}
 OUTPUT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "properties": {
-        "document": {
-            "oneOf": [
-                {
-                    "title": "BinaryData",
-                    "type": "object",
-                    "properties": {
-                        "content": {"type": "string", "contentEncoding": "base64"},
-                        "encoding": {"const": "base64"},
-                        **_FILE_COMMON,
-                    },
-                    "required": ["content", "mimeType", "encoding", "size", "filename"],
-                },
-                {
-                    "title": "Download reference, for a PDF too large to inline",
-                    "type": "object",
-                    "properties": {
-                        "downloadUrl": {"type": "string", "format": "uri"},
-                        "expiresAt": {"type": "string", "format": "date-time"},
-                        **_FILE_COMMON,
-                    },
-                    "required": ["downloadUrl", "mimeType", "size", "filename", "expiresAt"],
-                },
-            ]
-        },
+        "document": binary_result({"const": "application/pdf"}, "a PDF"),
         "pageCount": {"type": "integer", "minimum": 1},
     },
     "required": ["document", "pageCount"],

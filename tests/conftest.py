@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import environment
+from tests.support.agent import Agent
 from tests.support.stack import Stack
 
 STACK = environment.prepare("abp-test-")
@@ -27,6 +28,15 @@ def stack() -> Iterator[Stack]:
         STACK.stop()
         _keep_logs(STACK)
         STACK.remove_files()
+
+
+@pytest.fixture
+def agent(stack: Stack) -> Iterator[Agent]:
+    """An initialized agent on the real stack (its own session)."""
+    connected = Agent(stack.ws_url)
+    connected.initialize()
+    yield connected
+    connected.close()
 
 
 def _keep_logs(running: Stack) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -19,7 +18,6 @@ from django.utils import timezone
 
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
-from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
 CHANGELIST = reverse("admin:capabilities_job_changelist")
@@ -137,14 +135,6 @@ def test_non_staff_are_refused() -> None:
         response = client.get(CHANGELIST)
         assert response.status_code == 302
         assert "/admin/login/" in response["Location"]
-
-
-@pytest.fixture
-def agent(stack: Stack) -> Iterator[Agent]:
-    connected = Agent(stack.ws_url)
-    connected.initialize()
-    yield connected
-    connected.close()
 
 
 def test_cancel_action_reaches_the_agent_and_stops_the_worker(staff: Client, agent: Agent) -> None:

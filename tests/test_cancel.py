@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.stack import Stack
@@ -42,14 +38,6 @@ def types_for(agent: Agent, call_id: str) -> list[str]:
         for e in agent.inbox
         if e["type"].startswith("capabilities/") and e["payload"].get("callId") == call_id
     ]
-
-
-@pytest.fixture
-def agent(stack: Stack) -> Iterator[Agent]:
-    connected = Agent(stack.ws_url)
-    connected.initialize()
-    yield connected
-    connected.close()
 
 
 def test_cancel_running_call_stops_the_worker_at_a_checkpoint(agent: Agent) -> None:

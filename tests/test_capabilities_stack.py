@@ -7,7 +7,6 @@ import io
 import json
 import urllib.request
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,14 +17,6 @@ from capabilities.models import Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.stack import Stack
 from tests.support.waiting import eventually, seconds_between
-
-
-@pytest.fixture
-def agent(stack: Stack) -> Iterator[Agent]:
-    connected = Agent(stack.ws_url)
-    connected.initialize()
-    yield connected
-    connected.close()
 
 
 def binary(data: bytes, mime: str) -> dict[str, str]:

@@ -6,7 +6,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -22,14 +21,6 @@ from tests.support.agent import Agent
 from tests.support.stack import Stack
 
 BIG = 300 * 1024  # above the tests' 256 KiB inline limit
-
-
-@pytest.fixture
-def agent(stack: Stack) -> Iterator[Agent]:
-    connected = Agent(stack.ws_url)
-    connected.initialize()
-    yield connected
-    connected.close()
 
 
 def big_result(agent: Agent, call_id: str) -> dict[str, object]:

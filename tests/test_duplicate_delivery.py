@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import partial
-
-import pytest
 
 from capabilities.models import Job, JobStatus
 from capabilities.tasks import run_job
 from tests.support.agent import Agent
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
-
-
-@pytest.fixture
-def agent(stack: Stack) -> Iterator[Agent]:
-    connected = Agent(stack.ws_url)
-    connected.initialize()
-    yield connected
-    connected.close()
 
 
 def redeliver(job: Job) -> None:

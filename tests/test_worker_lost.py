@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from datetime import timedelta
 
-import pytest
 from django.utils import timezone
 
 from capabilities import reaper
 from capabilities.models import AgentSession, Job, JobStatus
 from tests.support.agent import Agent
-from tests.support.stack import Stack
 from tests.support.waiting import eventually
-
-
-@pytest.fixture
-def agent(stack: Stack) -> Iterator[Agent]:
-    connected = Agent(stack.ws_url)
-    connected.initialize()
-    yield connected
-    connected.close()
 
 
 def test_killed_worker_child_answers_worker_lost(agent: Agent) -> None:
