@@ -19,8 +19,10 @@ PORT ?= 8000
 WORKER_CONCURRENCY ?= 2
 PYTEST_ARGS ?=
 
-# Shared libraries and fonts WeasyPrint loads at run time (Debian 12 names).
-APT_PACKAGES := libharfbuzz-subset0 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core
+# Shared libraries and fonts WeasyPrint loads at run time, and the browser the browser
+# tests drive with Playwright (Debian 12 names; no browser is ever downloaded).
+APT_PACKAGES := libharfbuzz-subset0 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core \
+	chromium chromium-driver
 APT_GET ?= apt-get
 
 .PHONY: help deps system-deps migrate run test lint bench clean distclean
@@ -41,7 +43,8 @@ deps: system-deps $(STAMP)
 # Debian's own python3.11 needs python3.11-venv before `python3.11 -m venv` works.
 system-deps:
 	@if ! command -v dpkg >/dev/null 2>&1; then \
-	  echo "note: no dpkg here; make sure Pango, HarfBuzz (subset) and a font are installed for WeasyPrint."; \
+	  echo "note: no dpkg here; make sure Pango, HarfBuzz (subset) and a font are installed for WeasyPrint,"; \
+	  echo "      and Chromium at /usr/bin/chromium for the browser tests."; \
 	  exit 0; \
 	fi; \
 	missing=""; \

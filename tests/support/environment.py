@@ -33,6 +33,7 @@ def prepare(prefix: str, **overrides: str) -> Stack:
             "ABP_MAX_FRAME_BYTES": str(1024 * 1024),
             # Small, so that tests see both inline results and download URLs.
             "ABP_INLINE_RESULT_MAX_BYTES": str(256 * 1024),
+            "ABP_EMBED_ALLOWED_ORIGINS": f"http://127.0.0.1:{free_port()}",  # tests/browser/
             **overrides,
         }
     )

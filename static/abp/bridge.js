@@ -1,0 +1,377 @@
+// @ts-check
+/**
+ * The postMessage bridge of /abp/embed/: relays ABP envelopes between the page that
+ * embeds this iframe (the parent) and the app's WebSocket.
+ *
+ * - Only messages from the parent window, from an allowed origin (the server renders
+ *   the list; the app's own origin is always allowed), are read; others are ignored
+ *   (logged to the console, never answered). Replies go to the parent with that exact
+ *   origin as targetOrigin, never "*".
+ * - A message that cannot be relayed (not an envelope, not serializable, too large)
+ *   is answered here with a coded error, as the server answers a bad frame.
+ * - Binary inputs posted as ArrayBuffers (or views, or Blobs) are encoded to base64
+ *   before relaying. A call whose options say `binary: "arraybuffer"` (an option of
+ *   this bridge, removed before relaying) gets its inline binary results back as
+ *   ArrayBuffers, transferred (no copy).
+ * - Cancellation goes hop by hop: a capabilities/cancel from the parent is relayed;
+ *   when the parent goes away (this page is hidden for good) or detaches (DETACH),
+ *   the bridge cancels every call it relayed and ends the session before closing.
+ * - The socket is opened on the first envelope and kept while the session lives;
+ *   when it closes, every request still waiting is answered (DISCONNECTED) and the
+ *   parent is told (CLOSED). The next envelope opens a new socket.
+ * @module abp/bridge
+ */
+
+import {
+  BridgeMessageType,
+  ErrorCode,
+  MessageType,
+  REPLY_TYPES,
+  decodeBinaryOutputs,
+  encodeBinaryInputs,
+  envelope,
+  errorReply,
+  isRecord,
+  newId,
+  wireError,
+} from "./wire.js";
+
+/** @typedef {import("./wire.js").Envelope} Envelope */
+/** @typedef {import("./wire.js").WireError} WireError */
+
+/**
+ * @typedef {object} BridgeConfig Rendered by the server into #abp-embed-config.
+ * @property {string} endpoint The WebSocket path, e.g. /abp/ws.
+ * @property {string[]} allowedOrigins Exact origins, or scheme://host:* for any port.
+ * @property {number} maxFrameBytes The server's frame limit.
+ * @property {string} protocolVersion
+ * @property {Record<string, string>} app
+ */
+
+/**
+ * @typedef {object} Relayed A request relayed to the server, waiting for its reply.
+ * @property {string} type
+ * @property {string} [callId]
+ * @property {boolean} [buffers] Binary results as transferred ArrayBuffers.
+ */
+
+/**
+ * Whether `origin` may talk to this bridge.
+ * @param {string} origin
+ * @param {string[]} allowed Exact origins, or scheme://host:* (any port).
+ * @param {string} own This page's origin, always allowed.
+ */
+export function originAllowed(origin, allowed, own = location.origin) {
+  if (typeof origin !== "string" || origin === "null") return false;
+  if (origin === own) return true;
+  return allowed.some((pattern) => {
+    if (pattern === origin) return true;
+    if (!pattern.endsWith(":*")) return false;
+    const base = pattern.slice(0, -2);
+    return origin === base || (origin.startsWith(`${base}:`) && /^\d{1,5}$/.test(origin.slice(base.length + 1)));
+  });
+}
+
+/** The origin of the page that embeds this one, when the browser tells. */
+function embedderOrigin() {
+  const ancestors = /** @type {any} */ (location).ancestorOrigins;
+  if (ancestors && ancestors.length > 0) return String(ancestors[0]);
+  try {
+    return document.referrer ? new URL(document.referrer).origin : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The UTF-8 size of a frame. @param {string} text */
+function byteLength(text) {
+  return new Blob([text]).size;
+}
+
+/** @param {unknown} id @returns {string | undefined} */
+function readableId(id) {
+  if ((typeof id === "string" && id.length > 0) || (typeof id === "number" && Number.isInteger(id))) {
+    return String(id);
+  }
+  return undefined;
+}
+
+export class Bridge {
+  /** @type {BridgeConfig} */
+  #config;
+  /** @type {Window} */
+  #parent;
+  /** The parent's origin, once a message from it was accepted: replies go there. @type {string | null} */
+  #origin = null;
+  /** @type {WebSocket | null} */
+  #socket = null;
+  /** Frames waiting for the socket to open. @type {string[]} */
+  #queue = [];
+  /** Relayed requests waiting for their reply, by envelope id. @type {Map<string, Relayed>} */
+  #relayed = new Map();
+  // Messages are handled in order in each direction, though some steps are async
+  // (reading a Blob, fetching a result): a cancel never overtakes its call.
+  #inbound = Promise.resolve();
+  #outbound = Promise.resolve();
+
+  /** @param {BridgeConfig} config @param {Window} [parent] */
+  constructor(config, parent = window.parent) {
+    this.#config = config;
+    this.#parent = parent;
+  }
+
+  start() {
+    window.addEventListener("message", (event) => this.#onMessage(event));
+    // The parent navigated away, closed, or removed this iframe.
+    window.addEventListener("pagehide", () => this.#leave("The embedding page went away."));
+    const origin = embedderOrigin();
+    if (origin !== null && this.#allows(origin)) this.#announce(origin);
+  }
+
+  /** @param {string} origin */
+  #allows(origin) {
+    return originAllowed(origin, this.#config.allowedOrigins);
+  }
+
+  /** @param {string} origin */
+  #announce(origin) {
+    const { protocolVersion, app, maxFrameBytes } = this.#config;
+    this.#parent.postMessage(envelope(BridgeMessageType.READY, { protocolVersion, app, maxFrameBytes }), origin);
+  }
+
+  /** @param {MessageEvent} event */
+  #onMessage(event) {
+    if (!this.#allows(event.origin)) {
+      console.warn(`ABP bridge: ignored a message from ${event.origin}: origin not allowed.`);
+      return;
+    }
+    if (event.source !== this.#parent || this.#parent === window) {
+      console.warn(`ABP bridge: ignored a message from ${event.origin}: not from the embedding page.`);
+      return;
+    }
+    this.#origin = event.origin;
+    const data = event.data;
+    this.#inbound = this.#inbound
+      .then(() => this.#handle(data))
+      .catch((error) => console.error("ABP bridge: could not handle a message", error));
+  }
+
+  /** Post to the parent, at its exact origin. @param {Record<string, any>} message @param {Transferable[]} [transfer] */
+  #toParent(message, transfer = []) {
+    if (this.#origin === null) return;
+    this.#parent.postMessage(message, this.#origin, transfer);
+  }
+
+  /** @param {unknown} data */
+  async #handle(data) {
+    let message = data;
+    if (typeof message === "string") {
+      // Lenient: a frame as text is read as the server would read it.
+      try {
+        message = JSON.parse(message);
+      } catch {
+        this.#toParent(errorReply(undefined, undefined, wireError(ErrorCode.PARSE_ERROR, "Message is not valid JSON.")));
+        return;
+      }
+    }
+    if (!isRecord(message)) {
+      const error = wireError(ErrorCode.PARSE_ERROR, "A message must be an ABP envelope (an object).");
+      this.#toParent(errorReply(undefined, undefined, error));
+      return;
+    }
+    const type = typeof message.type === "string" ? message.type : undefined;
+    const id = readableId(message.id);
+    if (type?.startsWith("abp-bridge/")) {
+      this.#control(type, id);
+      return;
+    }
+    /** @type {Relayed} */
+    let relayed = { type: type ?? "" };
+    let payload = message.payload;
+    if (type === MessageType.CALL && isRecord(payload)) {
+      const prepared = this.#prepareCall(payload);
+      payload = prepared.payload;
+      relayed = { type, callId: prepared.callId, buffers: prepared.buffers };
+    }
+    const refuse = (/** @type {WireError} */ error) => this.#toParent(errorReply(type, id, error, relayed.callId));
+    try {
+      payload = await encodeBinaryInputs(payload);
+    } catch (error) {
+      refuse(wireError(ErrorCode.INVALID_PARAMS, `A binary input could not be read: ${error}`));
+      return;
+    }
+    let text;
+    try {
+      text = JSON.stringify({ ...message, timestamp: message.timestamp ?? Date.now(), payload });
+    } catch (error) {
+      refuse(wireError(ErrorCode.PARSE_ERROR, `Message cannot be sent as JSON: ${error}`));
+      return;
+    }
+    const size = byteLength(text);
+    if (size > this.#config.maxFrameBytes) {
+      refuse(
+        wireError(ErrorCode.INVALID_PARAMS, `Message is ${size} bytes; the limit is ${this.#config.maxFrameBytes}.`, {
+          limit: this.#config.maxFrameBytes,
+          size,
+        }),
+      );
+      return;
+    }
+    if (type !== undefined && id !== undefined && type in REPLY_TYPES) this.#relayed.set(id, relayed);
+    this.#relay(text);
+  }
+
+  /**
+   * Take out this bridge's own option and make sure the callId is known here (the
+   * server would make one up otherwise), so a parent that leaves can be cancelled for.
+   * @param {Record<string, any>} payload
+   */
+  #prepareCall(payload) {
+    const options = isRecord(payload.options) ? { ...payload.options } : {};
+    const buffers = options.binary === "arraybuffer";
+    delete options.binary;
+    let callId = typeof payload.callId === "string" ? payload.callId : options.callId;
+    if (callId === undefined) {
+      callId = newId();
+      options.callId = callId;
+    }
+    return { payload: { ...payload, options }, callId: typeof callId === "string" ? callId : undefined, buffers };
+  }
+
+  /** @param {string} type @param {string | undefined} id */
+  #control(type, id) {
+    if (type === BridgeMessageType.HELLO) {
+      this.#announce(/** @type {string} */ (this.#origin));
+    } else if (type === BridgeMessageType.DETACH) {
+      this.#leave("The parent detached.");
+    } else {
+      const error = wireError(ErrorCode.UNKNOWN_MESSAGE_TYPE, `Unknown bridge message ${JSON.stringify(type)}.`);
+      this.#toParent(errorReply(type, id, error));
+    }
+  }
+
+  // --- the socket --------------------------------------------------------------------
+
+  /** @param {string} text */
+  #relay(text) {
+    if (this.#socket === null) this.#open();
+    const socket = /** @type {WebSocket} */ (this.#socket);
+    if (socket.readyState === WebSocket.OPEN) socket.send(text);
+    else this.#queue.push(text);
+  }
+
+  #open() {
+    const url = new URL(this.#config.endpoint, location.href);
+    url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    const socket = new WebSocket(url);
+    this.#socket = socket;
+    this.#queue = [];
+    socket.addEventListener("open", () => {
+      for (const text of this.#queue) socket.send(text);
+      this.#queue = [];
+    });
+    socket.addEventListener("message", (event) => {
+      if (typeof event.data !== "string") return;
+      let message;
+      try {
+        message = JSON.parse(event.data);
+      } catch {
+        return;
+      }
+      this.#outbound = this.#outbound
+        .then(() => this.#deliver(message))
+        .catch((error) => console.error("ABP bridge: could not deliver a message", error));
+    });
+    socket.addEventListener("close", (event) => this.#closed(socket, event.code, event.reason), { once: true });
+  }
+
+  /** A message from the server, to the parent. @param {Record<string, any>} message */
+  async #deliver(message) {
+    /** @type {Transferable[]} */
+    let transfer = [];
+    const id = readableId(message.id);
+    const relayed = id === undefined ? undefined : this.#relayed.get(id);
+    if (id !== undefined && relayed !== undefined && REPLY_TYPES[relayed.type] === message.type) {
+      this.#relayed.delete(id);
+      if (relayed.buffers && isRecord(message.payload) && isRecord(message.payload.data)) {
+        const inline = decodeBinaryOutputs(message.payload.data);
+        const referenced = await this.#fetchReferences(inline.data);
+        message = { ...message, payload: { ...message.payload, data: referenced.data } };
+        transfer = [...inline.buffers, ...referenced.buffers];
+      }
+    }
+    this.#toParent(message, transfer);
+  }
+
+  /**
+   * A caller that asked for ArrayBuffers gets them for large results too: the bridge
+   * is same-origin with download URLs, so it fetches them (a failed fetch leaves the
+   * reference as it is).
+   * @param {Record<string, any>} data
+   * @returns {Promise<{data: Record<string, any>, buffers: ArrayBuffer[]}>}
+   */
+  async #fetchReferences(data) {
+    /** @type {Record<string, any>} */
+    const out = { ...data };
+    /** @type {ArrayBuffer[]} */
+    const buffers = [];
+    for (const [key, value] of Object.entries(data)) {
+      if (!isRecord(value) || typeof value.downloadUrl !== "string") continue;
+      try {
+        const response = await fetch(value.downloadUrl, { credentials: "same-origin" });
+        if (!response.ok) continue;
+        const buffer = await response.arrayBuffer();
+        const { downloadUrl, expiresAt, ...rest } = value;
+        out[key] = { ...rest, content: buffer, encoding: "arraybuffer", size: buffer.byteLength };
+        buffers.push(buffer);
+      } catch {
+        // Keep the reference.
+      }
+    }
+    return { data: out, buffers };
+  }
+
+  /** @param {WebSocket} socket @param {number} code @param {string} reason */
+  #closed(socket, code, reason) {
+    if (socket !== this.#socket) return;
+    this.#socket = null;
+    this.#queue = [];
+    const waiting = [...this.#relayed.entries()];
+    this.#relayed.clear();
+    this.#outbound = this.#outbound.then(() => {
+      const error = wireError(ErrorCode.DISCONNECTED, `The app's connection closed (${code}) before the reply.`);
+      for (const [id, relayed] of waiting) this.#toParent(errorReply(relayed.type, id, error, relayed.callId));
+      this.#toParent(envelope(BridgeMessageType.CLOSED, { code, reason }));
+    });
+  }
+
+  /**
+   * The parent is leaving: cancel every call relayed for it and end the session, then
+   * close. The server would cancel them on the disconnect anyway; saying so first
+   * records why, and does not depend on how the socket ends.
+   * @param {string} reason
+   */
+  #leave(reason) {
+    const socket = this.#socket;
+    if (socket === null) return;
+    /** @type {string[]} */
+    const frames = [];
+    for (const relayed of this.#relayed.values()) {
+      if (relayed.type === MessageType.CALL && relayed.callId !== undefined) {
+        frames.push(JSON.stringify(envelope(MessageType.CANCEL, { callId: relayed.callId, reason })));
+      }
+    }
+    frames.push(JSON.stringify(envelope(MessageType.SHUTDOWN, { reason })));
+    if (socket.readyState === WebSocket.OPEN) {
+      for (const text of frames) socket.send(text);
+    }
+    socket.close(1000, "parent left");
+    // Answer the parent now (it may still be there, if only this iframe is going).
+    this.#closed(socket, 1000, reason);
+  }
+}
+
+const configElement = document.getElementById("abp-embed-config");
+if (configElement !== null) {
+  new Bridge(JSON.parse(configElement.textContent ?? "{}")).start();
+}

@@ -1,0 +1,648 @@
+// @ts-check
+/**
+ * The agent-side ABP client: an ES module, no build step.
+ *
+ *   import { connect } from "https://jobs.example.com/static/abp/client.js";
+ *   // over the iframe bridge (a page embedding https://jobs.example.com/abp/embed/):
+ *   const client = await connect({ window: iframe.contentWindow, origin: "https://jobs.example.com" });
+ *   // or straight over the WebSocket:
+ *   const client = await connect({ url: "wss://jobs.example.com/abp/ws" });
+ *   await client.initialize({ agent: { name: "me", version: "1" } });
+ *   const controller = new AbortController();
+ *   const result = await client.call("export.pdf", { html }, { signal: controller.signal });
+ *   if (result.cancelled) ...
+ *
+ * Every call settles exactly once with an ABPResponse; it never rejects. An aborted
+ * signal (or `timeout`) sends `capabilities/cancel` and the call resolves with the
+ * server's cancelled result; a signal aborted before the call sends nothing and the
+ * call resolves at once with a cancelled response. A transport that closes settles
+ * every pending call with error DISCONNECTED (retryable).
+ * @module abp/client
+ */
+
+import {
+  ABPError,
+  BridgeMessageType,
+  ErrorCode,
+  MessageType,
+  PROTOCOL_VERSION,
+  REPLY_TYPES,
+  abortReason,
+  cancelledResponse,
+  decodeBinaryOutputs,
+  encodeBinaryInputs,
+  envelope,
+  failedResponse,
+  isRecord,
+  newId,
+  wireError,
+} from "./wire.js";
+
+export { ABPError, ErrorCode, MessageType, PROTOCOL_VERSION, newId } from "./wire.js";
+
+/** @typedef {import("./wire.js").Envelope} Envelope */
+/** @typedef {import("./wire.js").WireError} WireError */
+/** @typedef {import("./wire.js").ABPResponse} ABPResponse */
+/** @typedef {import("./wire.js").CancelResponse} CancelResponse */
+/** @typedef {import("./wire.js").ProgressInfo} ProgressInfo */
+/** @typedef {import("./wire.js").NotificationInfo} NotificationInfo */
+/** @typedef {import("./wire.js").InitializeParams} InitializeParams */
+/** @typedef {import("./wire.js").InitializeResult} InitializeResult */
+
+/**
+ * @typedef {object} CallOptions
+ * @property {AbortSignal} [signal] Aborting it cancels the call.
+ * @property {number} [timeout] ms; past it the call is cancelled, as by the signal.
+ * @property {string | number} [progressToken] Ask for progress under this token.
+ * @property {(progress: ProgressInfo) => void} [onProgress] This call's progress (a
+ *   token is made up when none is given).
+ * @property {string} [callId] Default: crypto.randomUUID().
+ * @property {"base64" | "arraybuffer"} [binary] How inline binary results arrive:
+ *   base64 text (the wire's form, the default) or ArrayBuffers. Over the bridge the
+ *   buffers are made in the iframe and transferred, not copied.
+ */
+
+/**
+ * @typedef {{url: string} | {window: Window, origin: string, timeout?: number}} ConnectTarget
+ *   A WebSocket URL (`ws:`/`wss:`), or the window of an iframe showing /abp/embed/
+ *   and that iframe's origin (never "*": replies are accepted from that origin only).
+ */
+
+/** @typedef {{code?: number, reason?: string}} CloseInfo */
+
+/**
+ * @typedef {object} Transport
+ * @property {"websocket" | "window"} kind
+ * @property {(message: Envelope) => Promise<void>} send
+ * @property {() => void} close
+ * @property {(message: unknown) => void} onmessage
+ * @property {(info: CloseInfo) => void} onclose
+ */
+
+/**
+ * How much later than the call's own `timeout` the server ends it by itself, should
+ * the client's cancel never reach it (a frozen tab, a lost bridge).
+ */
+export const SERVER_TIMEOUT_GRACE_MS = 1000;
+/** How long `shutdown()` waits for the server to close the session. */
+export const SHUTDOWN_WAIT_MS = 5000;
+/** How long `connect()` waits for the bridge of an iframe to answer. */
+export const BRIDGE_WAIT_MS = 10000;
+const HELLO_INTERVAL_MS = 200;
+const WINDOW_WATCH_MS = 500;
+
+const noop = () => {};
+
+/** The WebSocket: one envelope per text frame. */
+class WebSocketTransport {
+  /** @param {string} url */
+  constructor(url) {
+    /** @type {"websocket"} */
+    this.kind = "websocket";
+    this.url = url;
+    /** @type {WebSocket | null} */
+    this.socket = null;
+    /** @type {(message: unknown) => void} */
+    this.onmessage = noop;
+    /** @type {(info: CloseInfo) => void} */
+    this.onclose = noop;
+    // Binary inputs are encoded asynchronously (a Blob is read); frames keep their order.
+    /** @type {Promise<void>} */
+    this.queue = Promise.resolve();
+  }
+
+  /** @returns {Promise<void>} */
+  open() {
+    return new Promise((resolve, reject) => {
+      const socket = new WebSocket(this.url);
+      this.socket = socket;
+      let opened = false;
+      socket.addEventListener(
+        "open",
+        () => {
+          opened = true;
+          resolve();
+        },
+        { once: true },
+      );
+      socket.addEventListener("message", (event) => {
+        if (typeof event.data !== "string") return;
+        let message;
+        try {
+          message = JSON.parse(event.data);
+        } catch {
+          return;
+        }
+        this.onmessage(message);
+      });
+      socket.addEventListener(
+        "close",
+        (event) => {
+          if (!opened) {
+            reject(new ABPError(wireError(ErrorCode.TRANSPORT_ERROR, `Could not connect to ${this.url}.`)));
+          }
+          this.onclose({ code: event.code, reason: event.reason });
+        },
+        { once: true },
+      );
+    });
+  }
+
+  /** @param {Envelope} message */
+  send(message) {
+    const sent = this.queue.then(async () => {
+      const socket = this.socket;
+      if (socket === null || socket.readyState !== WebSocket.OPEN) {
+        throw new ABPError(wireError(ErrorCode.DISCONNECTED, "The connection is closed."));
+      }
+      const text = JSON.stringify(await encodeBinaryInputs(message));
+      socket.send(text);
+    });
+    this.queue = sent.catch(noop);
+    return sent;
+  }
+
+  close() {
+    this.socket?.close(1000);
+  }
+}
+
+/** postMessage to the window of an iframe showing /abp/embed/. */
+class WindowTransport {
+  /**
+   * @param {Window} target
+   * @param {string} origin
+   */
+  constructor(target, origin) {
+    if (!origin || origin === "*") {
+      throw new TypeError("connect(): the bridge's exact origin is required, never '*'.");
+    }
+    /** @type {"window"} */
+    this.kind = "window";
+    this.target = target;
+    this.origin = new URL(origin).origin;
+    /** @type {(message: unknown) => void} */
+    this.onmessage = noop;
+    /** @type {(info: CloseInfo) => void} */
+    this.onclose = noop;
+    /** @type {((message: Record<string, any>) => void) | null} */
+    this.onready = null;
+    this.listener = (/** @type {MessageEvent} */ event) => this.receive(event);
+    window.addEventListener("message", this.listener);
+    // An iframe removed from its page sends nothing more: notice it, so that no call
+    // waits for a reply that cannot come.
+    this.watch = setInterval(() => {
+      if (this.target.closed) this.gone();
+    }, WINDOW_WATCH_MS);
+  }
+
+  gone() {
+    clearInterval(this.watch);
+    window.removeEventListener("message", this.listener);
+    this.onclose({ reason: "The bridge's window is gone." });
+  }
+
+  /** @param {MessageEvent} event */
+  receive(event) {
+    // Only the bridge's own window, from the bridge's own origin.
+    if (event.source !== this.target || event.origin !== this.origin) return;
+    const message = event.data;
+    if (!isRecord(message)) return;
+    if (message.type === BridgeMessageType.READY) {
+      this.onready?.(message);
+    } else if (message.type === BridgeMessageType.CLOSED) {
+      const payload = isRecord(message.payload) ? message.payload : {};
+      this.onclose({ code: payload.code, reason: payload.reason });
+    } else {
+      this.onmessage(message);
+    }
+  }
+
+  /**
+   * Wait for the bridge: it announces itself when it loads, and answers HELLO, which
+   * is repeated in case it was posted while the iframe was still loading.
+   * @param {number} timeout
+   * @returns {Promise<Record<string, any>>}
+   */
+  open(timeout) {
+    return new Promise((resolve, reject) => {
+      const hello = () => this.post(envelope(BridgeMessageType.HELLO));
+      const interval = setInterval(hello, HELLO_INTERVAL_MS);
+      const timer = setTimeout(() => {
+        finish();
+        reject(new ABPError(wireError(ErrorCode.TRANSPORT_ERROR, `No ABP bridge answered from ${this.origin}.`)));
+      }, timeout);
+      const finish = () => {
+        clearInterval(interval);
+        clearTimeout(timer);
+        this.onready = null;
+      };
+      this.onready = (message) => {
+        finish();
+        resolve(isRecord(message.payload) ? message.payload : {});
+      };
+      hello();
+    });
+  }
+
+  /** @param {Envelope} message @param {Transferable[]} [transfer] */
+  post(message, transfer = []) {
+    if (this.target.closed) {
+      this.gone();
+      throw new ABPError(wireError(ErrorCode.DISCONNECTED, "The bridge's window is gone."));
+    }
+    this.target.postMessage(message, this.origin, transfer);
+  }
+
+  /** @param {Envelope} message */
+  async send(message) {
+    // Binary inputs travel as they are (structured clone); the bridge encodes them.
+    try {
+      this.post(message);
+    } catch (error) {
+      if (error instanceof ABPError) throw error;
+      throw new ABPError(wireError(ErrorCode.INVALID_PARAMS, `Cannot post this message: ${error}`));
+    }
+  }
+
+  close() {
+    clearInterval(this.watch);
+    window.removeEventListener("message", this.listener);
+    if (!this.target.closed) this.target.postMessage(envelope(BridgeMessageType.DETACH), this.origin);
+  }
+}
+
+/**
+ * @typedef {object} Pending A request waiting for its reply.
+ * @property {string} type The request's type.
+ * @property {(payload: Record<string, any>) => void} settle With the reply's payload.
+ * @property {(error: WireError) => void} fail Settled on this side.
+ * @property {string} [callId]
+ * @property {string} [token]
+ * @property {(progress: ProgressInfo) => void} [onProgress]
+ * @property {boolean} [cancelling]
+ */
+
+/** One ABP session's worth of connection: calls, cancels, progress, notifications. */
+export class ABPClient {
+  /** @type {Transport} */
+  #transport;
+  /** Requests waiting for a reply, by envelope id. @type {Map<string, Pending>} */
+  #pending = new Map();
+  /** Envelope id of each pending call, by callId. @type {Map<string, string>} */
+  #calls = new Map();
+  /** Envelope id of each pending call, by progress token. @type {Map<string, string>} */
+  #tokens = new Map();
+  #closed = false;
+  /** @type {{progress: Set<Function>, notification: Set<Function>, envelope: Set<Function>, close: Set<Function>}} */
+  #handlers = { progress: new Set(), notification: new Set(), envelope: new Set(), close: new Set() };
+
+  /** @param {Transport} transport @param {Record<string, any>} [bridge] READY's payload. */
+  constructor(transport, bridge = {}) {
+    this.#transport = transport;
+    transport.onmessage = (message) => this.#receive(message);
+    transport.onclose = (info) => this.#transportClosed(info);
+    /** The transport: "websocket" or "window". */
+    this.transport = transport.kind;
+    /** What the bridge announced (window transport): {protocolVersion, app, maxFrameBytes}. */
+    this.bridge = bridge;
+    /** @type {string | null} */
+    this.sessionId = null;
+    /** @type {InitializeResult | null} */
+    this.session = null;
+  }
+
+  /** Whether the transport has closed; calls then resolve at once with DISCONNECTED. */
+  get closed() {
+    return this.#closed;
+  }
+
+  /**
+   * Start the session. Rejects with an ABPError when the app refuses.
+   * @param {InitializeParams} [params]
+   * @returns {Promise<InitializeResult>}
+   */
+  initialize(params = {}) {
+    const payload = {
+      agent: { name: "abp-client.js", version: PROTOCOL_VERSION },
+      protocolVersion: PROTOCOL_VERSION,
+      ...params,
+      features: { notifications: false, progress: true, elicitation: false, ...params.features },
+    };
+    return new Promise((resolve, reject) => {
+      const id = newId();
+      this.#request(id, {
+        type: MessageType.INITIALIZE,
+        settle: (reply) => {
+          if (isRecord(reply.error)) {
+            reject(new ABPError(/** @type {WireError} */ (reply.error)));
+            return;
+          }
+          this.sessionId = reply.sessionId;
+          this.session = /** @type {InitializeResult} */ (reply);
+          resolve(this.session);
+        },
+        fail: (error) => reject(new ABPError(error)),
+      });
+      this.#send(envelope(MessageType.INITIALIZE, payload, id));
+    });
+  }
+
+  /**
+   * Call a capability. Never rejects: resolves with the call's one ABPResponse.
+   * @param {string} capability
+   * @param {Record<string, any>} [params]
+   * @param {CallOptions} [options]
+   * @returns {Promise<ABPResponse>}
+   */
+  call(capability, params = {}, options = {}) {
+    const { signal, timeout, onProgress, binary } = options;
+    const callId = options.callId ?? newId();
+    const started = performance.now();
+    if (signal?.aborted) {
+      return Promise.resolve(cancelledResponse(callId, abortReason(signal)));
+    }
+    if (this.#closed) {
+      return Promise.resolve(failedResponse(callId, wireError(ErrorCode.DISCONNECTED, "The connection is closed.")));
+    }
+    if (this.#calls.has(callId)) {
+      const error = wireError(ErrorCode.INVALID_PARAMS, `callId ${JSON.stringify(callId)} is already running.`, {
+        path: "payload.options.callId",
+      });
+      return Promise.resolve(failedResponse(callId, error));
+    }
+    const token = options.progressToken ?? (onProgress ? callId : undefined);
+    /** @type {Record<string, any>} */
+    const wireOptions = { callId };
+    if (token !== undefined) wireOptions.progressToken = token;
+    if (timeout !== undefined && timeout > 0) wireOptions.timeout = timeout + SERVER_TIMEOUT_GRACE_MS;
+    const asBuffers = binary === "arraybuffer";
+    // Over the bridge, the iframe makes the buffers and transfers them.
+    if (asBuffers && this.#transport.kind === "window") wireOptions.binary = "arraybuffer";
+    const id = newId();
+
+    return new Promise((resolve) => {
+      /** @type {ReturnType<typeof setTimeout> | undefined} */
+      let timer;
+      const cancelOnce = (/** @type {string} */ reason) => {
+        const pending = this.#pending.get(id);
+        if (pending === undefined || pending.cancelling) return;
+        pending.cancelling = true;
+        void this.cancel(callId, reason);
+      };
+      const onAbort = () => cancelOnce(abortReason(/** @type {AbortSignal} */ (signal)));
+      const finish = (/** @type {ABPResponse} */ response) => {
+        try {
+          signal?.removeEventListener("abort", onAbort);
+          clearTimeout(timer);
+        } finally {
+          resolve(response);
+        }
+      };
+      this.#request(id, {
+        type: MessageType.CALL,
+        callId,
+        token: token === undefined ? undefined : String(token),
+        onProgress,
+        settle: (reply) => {
+          /** @type {ABPResponse} */
+          const response = /** @type {any} */ ({ callId, ...reply });
+          if (asBuffers && this.#transport.kind === "websocket" && isRecord(response.data)) {
+            response.data = decodeBinaryOutputs(response.data).data;
+          }
+          finish(response);
+        },
+        fail: (error) => finish(failedResponse(callId, error, performance.now() - started)),
+      });
+      signal?.addEventListener("abort", onAbort, { once: true });
+      if (timeout !== undefined && timeout > 0) {
+        timer = setTimeout(() => cancelOnce(`Timed out after ${timeout} ms.`), timeout);
+      }
+      this.#send(envelope(MessageType.CALL, { capability, params, options: wireOptions }, id));
+    });
+  }
+
+  /**
+   * Cancel a call by its callId (also `cancel({callId, reason})`). Resolves with the
+   * cancel-result; the call itself resolves with its own (cancelled) result.
+   * @param {string | {callId: string, reason?: string}} callId
+   * @param {string} [reason]
+   * @returns {Promise<CancelResponse>}
+   */
+  cancel(callId, reason) {
+    if (isRecord(callId)) ({ callId, reason } = /** @type {{callId: string, reason?: string}} */ (callId));
+    const target = String(callId);
+    if (this.#closed) {
+      return Promise.resolve({
+        callId: target,
+        cancelled: false,
+        error: wireError(ErrorCode.DISCONNECTED, "The connection is closed."),
+      });
+    }
+    return new Promise((resolve) => {
+      const id = newId();
+      this.#request(id, {
+        type: MessageType.CANCEL,
+        settle: (reply) => resolve(/** @type {CancelResponse} */ ({ callId: target, cancelled: false, ...reply })),
+        fail: (error) => resolve({ callId: target, cancelled: false, error }),
+      });
+      /** @type {Record<string, any>} */
+      const payload = { callId: target };
+      if (reason) payload.reason = String(reason);
+      this.#send(envelope(MessageType.CANCEL, payload, id));
+    });
+  }
+
+  /**
+   * End the session: the app cancels and answers every call in flight, then closes.
+   * Resolves once the transport has closed (or after SHUTDOWN_WAIT_MS, closing it).
+   * @param {{reason?: string}} [params]
+   * @returns {Promise<void>}
+   */
+  shutdown(params = {}) {
+    if (this.#closed) return Promise.resolve();
+    if (this.sessionId === null) {
+      // No session to end: the app would answer NOT_INITIALIZED and keep the socket.
+      this.close(params.reason);
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.#handlers.close.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(() => this.close("The app did not end the session in time."), SHUTDOWN_WAIT_MS);
+      this.#handlers.close.add(done);
+      this.#send(envelope(MessageType.SHUTDOWN, params.reason ? { reason: String(params.reason) } : {}));
+    });
+  }
+
+  /**
+   * Close at once: pending calls resolve as cancelled on this side; the app cancels
+   * them too (a closed WebSocket; over the bridge, DETACH).
+   * @param {string} [reason]
+   */
+  close(reason = "The client closed.") {
+    if (this.#closed) return;
+    this.#transport.close();
+    this.#transportClosed({ reason }, reason);
+  }
+
+  /**
+   * Every `progress` message. @param {(progress: ProgressInfo) => void} handler
+   * @returns {() => void} Unsubscribes.
+   */
+  onProgress(handler) {
+    return this.#subscribe("progress", handler);
+  }
+
+  /**
+   * Every `notification` message. @param {(notification: NotificationInfo) => void} handler
+   * @returns {() => void} Unsubscribes.
+   */
+  onNotification(handler) {
+    return this.#subscribe("notification", handler);
+  }
+
+  /**
+   * Every envelope sent ("out") and received ("in"), for logs.
+   * @param {(direction: "in" | "out", message: Record<string, any>) => void} handler
+   * @returns {() => void} Unsubscribes.
+   */
+  onEnvelope(handler) {
+    return this.#subscribe("envelope", handler);
+  }
+
+  /**
+   * The transport closed. @param {(info: CloseInfo) => void} handler
+   * @returns {() => void} Unsubscribes.
+   */
+  onClose(handler) {
+    return this.#subscribe("close", handler);
+  }
+
+  // --- internals -------------------------------------------------------------------
+
+  /** @param {"progress" | "notification" | "envelope" | "close"} kind @param {Function} handler */
+  #subscribe(kind, handler) {
+    const set = this.#handlers[kind];
+    set.add(handler);
+    return () => set.delete(handler);
+  }
+
+  /** @param {"progress" | "notification" | "envelope" | "close"} kind @param {...any} args */
+  #emit(kind, ...args) {
+    for (const handler of [...this.#handlers[kind]]) {
+      try {
+        handler(...args);
+      } catch (error) {
+        console.error("ABP client: a handler threw", error);
+      }
+    }
+  }
+
+  /** @param {string} id @param {Pending} pending */
+  #request(id, pending) {
+    this.#pending.set(id, pending);
+    if (pending.callId !== undefined) this.#calls.set(pending.callId, id);
+    if (pending.token !== undefined) this.#tokens.set(pending.token, id);
+  }
+
+  /** Remove a pending request from every map before it settles, so it settles once. @param {string} id */
+  #take(id) {
+    const pending = this.#pending.get(id);
+    if (pending === undefined) return undefined;
+    this.#pending.delete(id);
+    if (pending.callId !== undefined && this.#calls.get(pending.callId) === id) this.#calls.delete(pending.callId);
+    if (pending.token !== undefined && this.#tokens.get(pending.token) === id) this.#tokens.delete(pending.token);
+    return pending;
+  }
+
+  /** @param {Envelope} message */
+  #send(message) {
+    this.#emit("envelope", "out", message);
+    this.#transport.send(message).catch((error) => {
+      const wire = error instanceof ABPError ? error : null;
+      this.#take(message.id)?.fail(
+        wireError(wire?.code ?? ErrorCode.TRANSPORT_ERROR, wire?.message ?? String(error), wire?.details),
+      );
+    });
+  }
+
+  /** @param {unknown} message */
+  #receive(message) {
+    if (!isRecord(message) || typeof message.type !== "string") return;
+    this.#emit("envelope", "in", message);
+    const payload = isRecord(message.payload) ? message.payload : {};
+    if (message.type === MessageType.PROGRESS) {
+      const id = this.#tokens.get(String(payload.operationId));
+      const onProgress = id === undefined ? undefined : this.#pending.get(id)?.onProgress;
+      if (onProgress) {
+        try {
+          onProgress(/** @type {ProgressInfo} */ (payload));
+        } catch (error) {
+          console.error("ABP client: onProgress threw", error);
+        }
+      }
+      this.#emit("progress", payload);
+      return;
+    }
+    if (message.type === MessageType.NOTIFICATION) {
+      // A request the app could not read is answered by notifications/error naming it.
+      const data = isRecord(payload.data) ? payload.data : {};
+      if (payload.event === "notifications/error" && typeof data.requestId === "string") {
+        const { requestId, requestType, ...error } = data;
+        this.#take(requestId)?.fail(/** @type {WireError} */ (error));
+      }
+      this.#emit("notification", payload);
+      return;
+    }
+    const id = String(message.id);
+    const pending = this.#pending.get(id);
+    if (pending === undefined || REPLY_TYPES[pending.type] !== message.type) return; // late or foreign: dropped
+    this.#take(id)?.settle(payload);
+  }
+
+  /** @param {CloseInfo} info @param {string} [cancelReason] Set when this side closed. */
+  #transportClosed(info, cancelReason) {
+    if (this.#closed) return;
+    this.#closed = true;
+    const error = wireError(
+      ErrorCode.DISCONNECTED,
+      `The connection closed${info.code ? ` (${info.code})` : ""} before the reply.`,
+    );
+    for (const id of [...this.#pending.keys()]) {
+      const pending = this.#take(id);
+      if (pending === undefined) continue;
+      if (cancelReason !== undefined && pending.type === MessageType.CALL && pending.callId !== undefined) {
+        pending.settle(/** @type {any} */ (cancelledResponse(pending.callId, cancelReason)));
+      } else {
+        pending.fail(error);
+      }
+    }
+    this.sessionId = null;
+    this.#emit("close", info);
+  }
+}
+
+/**
+ * Connect to an ABP app over a WebSocket or through an iframe's bridge.
+ * @param {ConnectTarget} target
+ * @returns {Promise<ABPClient>} Rejects (ABPError, TRANSPORT_ERROR) if it cannot connect.
+ */
+export async function connect(target) {
+  if ("url" in target) {
+    const transport = new WebSocketTransport(target.url);
+    await transport.open();
+    return new ABPClient(transport);
+  }
+  const transport = new WindowTransport(target.window, target.origin);
+  try {
+    const ready = await transport.open(target.timeout ?? BRIDGE_WAIT_MS);
+    return new ABPClient(transport, ready);
+  } catch (error) {
+    transport.close();
+    throw error;
+  }
+}

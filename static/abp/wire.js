@@ -1,0 +1,382 @@
+// @ts-check
+/**
+ * ABP wire types and pure helpers shared by the browser modules (client.js, bridge.js,
+ * and runtime.js through client.js): the envelope, error codes, responses built
+ * locally, and binary conversion. No I/O here.
+ *
+ * The contract is ABP 0.1 as PROTOCOL.md writes it.
+ * @module abp/wire
+ */
+
+export const PROTOCOL_VERSION = "0.1";
+
+/** ABP message types. */
+export const MessageType = Object.freeze({
+  INITIALIZE: "initialize",
+  INITIALIZE_RESULT: "initialize-result",
+  CALL: "capabilities/call",
+  CALL_RESULT: "capabilities/call-result",
+  CANCEL: "capabilities/cancel",
+  CANCEL_RESULT: "capabilities/cancel-result",
+  SHUTDOWN: "shutdown",
+  NOTIFICATION: "notification",
+  PROGRESS: "progress",
+  ELICITATION_REQUEST: "elicitation/request",
+  ELICITATION_RESPONSE: "elicitation/response",
+});
+
+/** The reply type of each request type that has one. */
+export const REPLY_TYPES = Object.freeze({
+  [MessageType.INITIALIZE]: MessageType.INITIALIZE_RESULT,
+  [MessageType.CALL]: MessageType.CALL_RESULT,
+  [MessageType.CANCEL]: MessageType.CANCEL_RESULT,
+});
+
+/**
+ * Messages between a parent page and the /abp/embed/ bridge that are not ABP. They
+ * never reach the server. Everything else a parent posts is an ABP envelope.
+ */
+export const BridgeMessageType = Object.freeze({
+  /** parent -> bridge: are you there? Answered with READY. */
+  HELLO: "abp-bridge/hello",
+  /** bridge -> parent: ready to relay; payload {protocolVersion, app, maxFrameBytes}. */
+  READY: "abp-bridge/ready",
+  /** parent -> bridge: I am leaving; cancel my calls, end the session, close the socket. */
+  DETACH: "abp-bridge/detach",
+  /** bridge -> parent: the socket closed; every pending request has been answered. */
+  CLOSED: "abp-bridge/closed",
+});
+
+/** Error codes: the spec's, plus the server's own. */
+export const ErrorCode = Object.freeze({
+  NOT_INITIALIZED: "NOT_INITIALIZED",
+  ALREADY_INITIALIZED: "ALREADY_INITIALIZED",
+  SESSION_EXPIRED: "SESSION_EXPIRED",
+  SESSION_INVALID: "SESSION_INVALID",
+  UNKNOWN_CAPABILITY: "UNKNOWN_CAPABILITY",
+  CAPABILITY_UNAVAILABLE: "CAPABILITY_UNAVAILABLE",
+  INVALID_PARAMS: "INVALID_PARAMS",
+  MISSING_PARAM: "MISSING_PARAM",
+  INVALID_TYPE: "INVALID_TYPE",
+  PERMISSION_DENIED: "PERMISSION_DENIED",
+  OPERATION_FAILED: "OPERATION_FAILED",
+  TIMEOUT: "TIMEOUT",
+  CANCELLED: "CANCELLED",
+  RATE_LIMITED: "RATE_LIMITED",
+  NOT_IMPLEMENTED: "NOT_IMPLEMENTED",
+  INTERNAL_ERROR: "INTERNAL_ERROR",
+  TRANSPORT_ERROR: "TRANSPORT_ERROR",
+  DISCONNECTED: "DISCONNECTED",
+  WORKER_LOST: "WORKER_LOST",
+  PARSE_ERROR: "PARSE_ERROR",
+  UNKNOWN_MESSAGE_TYPE: "UNKNOWN_MESSAGE_TYPE",
+});
+
+const RETRYABLE = new Set([
+  ErrorCode.RATE_LIMITED,
+  ErrorCode.INTERNAL_ERROR,
+  ErrorCode.TRANSPORT_ERROR,
+  ErrorCode.DISCONNECTED,
+  ErrorCode.WORKER_LOST,
+  ErrorCode.TIMEOUT,
+  ErrorCode.CAPABILITY_UNAVAILABLE,
+]);
+
+/**
+ * @typedef {object} Envelope
+ * @property {string} type
+ * @property {string} id
+ * @property {number} timestamp Unix ms.
+ * @property {Record<string, any>} payload
+ */
+
+/**
+ * @typedef {object} WireError The `error` object of a reply.
+ * @property {string} code
+ * @property {string} message
+ * @property {boolean} retryable
+ * @property {number} [retryAfter]
+ * @property {Record<string, unknown>} [details]
+ */
+
+/**
+ * @typedef {object} BinaryData Inline binary content. Over the wire `content` is
+ *   base64 (`encoding: "base64"`); a call made with `binary: "arraybuffer"` gets an
+ *   ArrayBuffer instead (`encoding: "arraybuffer"`).
+ * @property {string | ArrayBuffer} content
+ * @property {string} mimeType
+ * @property {"base64" | "arraybuffer"} [encoding]
+ * @property {number} [size]
+ * @property {string} [filename]
+ */
+
+/**
+ * @typedef {object} ABPResponse What every call settles with, exactly once.
+ * @property {string} [callId]
+ * @property {boolean} success
+ * @property {any} [data]
+ * @property {WireError} [error]
+ * @property {{duration: number}} [metadata]
+ * @property {boolean} [cancelled]
+ */
+
+/**
+ * @typedef {object} CancelResponse
+ * @property {string} callId
+ * @property {boolean} cancelled
+ * @property {string} [reason] Why not, when `cancelled` is false.
+ * @property {WireError} [error]
+ */
+
+/**
+ * @typedef {object} ProgressInfo The payload of a `progress` message.
+ * @property {string | number} operationId The call's progressToken.
+ * @property {number} progress
+ * @property {number | null} total
+ * @property {number | null} percentage
+ * @property {string} stage
+ * @property {string} status
+ */
+
+/**
+ * @typedef {object} NotificationInfo The payload of a `notification` message.
+ * @property {string} event
+ * @property {any} data
+ */
+
+/**
+ * @typedef {object} InitializeParams
+ * @property {{name: string, version: string}} [agent]
+ * @property {string} [protocolVersion]
+ * @property {{notifications?: boolean, progress?: boolean, elicitation?: boolean}} [features]
+ */
+
+/**
+ * @typedef {object} InitializeResult
+ * @property {string} sessionId
+ * @property {string} protocolVersion
+ * @property {{id: string, name: string, version: string, description?: string}} app
+ * @property {{name: string, available: boolean}[]} capabilities
+ * @property {{notifications: boolean, progress: boolean, elicitation: boolean}} features
+ */
+
+/** An ABP error raised (not resolved): initialize and connect fail with one. */
+export class ABPError extends Error {
+  /** @param {WireError} error */
+  constructor(error) {
+    super(error.message);
+    this.name = "ABPError";
+    this.code = error.code;
+    this.retryable = error.retryable;
+    this.details = error.details;
+  }
+}
+
+/** @param {unknown} value @returns {value is Record<string, any>} */
+export function isRecord(value) {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** A random UUID; crypto.randomUUID needs a secure context, getRandomValues does not. */
+export function newId() {
+  if (typeof crypto.randomUUID === "function") return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const hex = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
+/**
+ * An outgoing envelope.
+ * @param {string} type
+ * @param {Record<string, any>} [payload]
+ * @param {string} [id]
+ * @returns {Envelope}
+ */
+export function envelope(type, payload = {}, id = newId()) {
+  return { type, id, timestamp: Date.now(), payload };
+}
+
+/**
+ * An error object; `retryable` follows the code, as the server's does.
+ * @param {string} code
+ * @param {string} message
+ * @param {Record<string, unknown>} [details]
+ * @returns {WireError}
+ */
+export function wireError(code, message, details) {
+  /** @type {WireError} */
+  const error = { code, message, retryable: RETRYABLE.has(code) };
+  if (details) error.details = details;
+  return error;
+}
+
+/**
+ * A failed ABPResponse built on this side of the wire (the server never saw the call,
+ * or can no longer answer it).
+ * @param {string} callId
+ * @param {WireError} error
+ * @param {number} [duration] ms
+ * @returns {ABPResponse}
+ */
+export function failedResponse(callId, error, duration = 0) {
+  return { callId, success: false, error, metadata: { duration: Math.round(duration) } };
+}
+
+/**
+ * A cancelled ABPResponse built on this side: a signal that was aborted before the call
+ * was sent, or a client closed under its calls.
+ * @param {string} callId
+ * @param {string} reason
+ * @param {number} [duration] ms
+ * @returns {ABPResponse}
+ */
+export function cancelledResponse(callId, reason, duration = 0) {
+  return {
+    ...failedResponse(callId, wireError(ErrorCode.CANCELLED, reason), duration),
+    cancelled: true,
+  };
+}
+
+/**
+ * The reply to a request refused on this side, in the request's own reply type, or a
+ * `notifications/error` when it has none (as the server answers).
+ * @param {string | undefined} requestType
+ * @param {string | undefined} requestId
+ * @param {WireError} error
+ * @param {string} [callId]
+ * @returns {Envelope}
+ */
+export function errorReply(requestType, requestId, error, callId) {
+  const replyType = requestType === undefined ? undefined : REPLY_TYPES[requestType];
+  if (replyType === undefined || requestId === undefined) {
+    /** @type {Record<string, any>} */
+    const data = { ...error };
+    if (requestId !== undefined) data.requestId = requestId;
+    if (requestType !== undefined) data.requestType = String(requestType).slice(0, 80);
+    return envelope(MessageType.NOTIFICATION, { event: "notifications/error", data });
+  }
+  if (replyType === MessageType.CALL_RESULT) {
+    const response = failedResponse(callId ?? "", error);
+    if (callId === undefined) delete response.callId;
+    return envelope(replyType, response, requestId);
+  }
+  if (replyType === MessageType.CANCEL_RESULT && callId !== undefined) {
+    return envelope(replyType, { callId, cancelled: false, error }, requestId);
+  }
+  return envelope(replyType, { error }, requestId);
+}
+
+/** A reason string from an AbortSignal's reason. @param {AbortSignal} signal */
+export function abortReason(signal) {
+  const reason = signal.reason;
+  if (reason === undefined) return "Aborted";
+  if (typeof reason === "string") return reason;
+  if (reason instanceof Error) return reason.message || reason.name;
+  return String(reason);
+}
+
+// --- binary -------------------------------------------------------------------------
+
+/** @param {Uint8Array} bytes */
+export function bytesToBase64(bytes) {
+  const native = /** @type {any} */ (bytes).toBase64;
+  if (typeof native === "function") return native.call(bytes);
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    text += String.fromCharCode.apply(null, /** @type {any} */ (bytes.subarray(i, i + 0x8000)));
+  }
+  return btoa(text);
+}
+
+/** @param {string} text @returns {Uint8Array} */
+export function base64ToBytes(text) {
+  const native = /** @type {any} */ (Uint8Array).fromBase64;
+  if (typeof native === "function") return native(text);
+  const raw = atob(text);
+  const bytes = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+  return bytes;
+}
+
+/** @param {unknown} value @returns {value is ArrayBuffer | ArrayBufferView | Blob} */
+function isBinary(value) {
+  return (
+    value instanceof ArrayBuffer ||
+    ArrayBuffer.isView(value) ||
+    (typeof Blob !== "undefined" && value instanceof Blob)
+  );
+}
+
+/** @param {ArrayBuffer | ArrayBufferView | Blob} value @returns {Promise<Uint8Array>} */
+async function bytesOf(value) {
+  if (value instanceof ArrayBuffer) return new Uint8Array(value);
+  if (ArrayBuffer.isView(value)) return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
+  return new Uint8Array(await value.arrayBuffer());
+}
+
+const MAX_DEPTH = 32;
+
+/** @param {unknown} value @returns {value is Record<string, unknown>} */
+function isPlainObject(value) {
+  if (typeof value !== "object" || value === null) return false;
+  const proto = Object.getPrototypeOf(value);
+  return proto === Object.prototype || proto === null;
+}
+
+/**
+ * A copy of `value` in which every binary input `{content: ArrayBuffer | view | Blob,
+ * mimeType}` has become `{content: <base64>, mimeType, encoding: "base64"}`, the only
+ * form JSON carries. Plain objects and arrays are copied; other values kept as they are.
+ * @param {unknown} value
+ * @returns {Promise<unknown>}
+ */
+export async function encodeBinaryInputs(value, depth = 0) {
+  if (depth > MAX_DEPTH) return value;
+  if (Array.isArray(value)) {
+    return Promise.all(value.map((item) => encodeBinaryInputs(item, depth + 1)));
+  }
+  if (!isPlainObject(value)) return value;
+  /** @type {Record<string, unknown>} */
+  const out = {};
+  for (const [key, item] of Object.entries(value)) {
+    out[key] = await encodeBinaryInputs(item, depth + 1);
+  }
+  const content = value.content;
+  if (isBinary(content)) {
+    out.content = bytesToBase64(await bytesOf(content));
+    out.encoding = "base64";
+    if (out.mimeType === undefined && content instanceof Blob && content.type) {
+      out.mimeType = content.type;
+    }
+  }
+  return out;
+}
+
+/**
+ * Turn the inline binary results of a call's `data` (one level inside it, as
+ * `data.document` or `data.image`) into ArrayBuffers. Returns the new data and the
+ * buffers, for a postMessage transfer list. References (`downloadUrl`) stay as they are.
+ * @param {Record<string, any>} data
+ * @returns {{data: Record<string, any>, buffers: ArrayBuffer[]}}
+ */
+export function decodeBinaryOutputs(data) {
+  /** @type {ArrayBuffer[]} */
+  const buffers = [];
+  /** @type {Record<string, any>} */
+  const out = { ...data };
+  for (const [key, value] of Object.entries(data)) {
+    if (isRecord(value) && value.encoding === "base64" && typeof value.content === "string") {
+      const bytes = base64ToBytes(value.content);
+      const buffer = /** @type {ArrayBuffer} */ (
+        bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength
+          ? bytes.buffer
+          : bytes.slice().buffer
+      );
+      out[key] = { ...value, content: buffer, encoding: "arraybuffer" };
+      buffers.push(buffer);
+    }
+  }
+  return { data: out, buffers };
+}

@@ -1,0 +1,126 @@
+"""The pages and files the browser path is made of, checked over HTTP (no browser)."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from email.message import Message
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from capabilities.views import embed_allowed_origins, normalize_origin
+from tests.browser.conftest import ParentSite
+from tests.support.stack import Stack
+
+
+def fetch(url: str, method: str = "GET", **headers: str) -> tuple[int, Message, bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def test_embed_page_may_be_framed_by_allowed_origins_only(
+    stack: Stack, parent_site: ParentSite
+) -> None:
+    status, headers, body = fetch(f"{stack.http_url}/abp/embed/")
+    assert status == 200
+    assert "X-Frame-Options" not in headers
+    directives = headers["Content-Security-Policy"].split(";")
+    policy = dict(directive.strip().split(" ", 1) for directive in directives)
+    assert policy["frame-ancestors"] == f"'self' {parent_site.allowed}"
+    assert policy["script-src"] == "'self'"
+    assert policy["default-src"] == "'none'"
+    match = re.search(rb'<script id="abp-embed-config" type="application/json">(.*?)<', body)
+    assert match is not None
+    config = json.loads(match.group(1))
+    assert config["allowedOrigins"] == [parent_site.allowed]
+    assert config["maxFrameBytes"] == 1024 * 1024
+    assert config["endpoint"] == "/abp/ws"
+    assert b'rel="abp-manifest" href="/abp.json"' in body
+    # Every other page keeps Django's DENY.
+    for path in ("/", "/abp/demo/"):
+        assert fetch(f"{stack.http_url}{path}")[1]["X-Frame-Options"] == "DENY"
+
+
+def test_demo_page_embeds_the_bridge_and_has_the_runtime(stack: Stack) -> None:
+    status, _, body = fetch(f"{stack.http_url}/abp/demo/")
+    assert status == 200
+    assert b'<iframe id="bridge"' in body
+    assert b'src="/abp/embed/"' in body
+    assert body.index(b"/static/abp/runtime.js") < body.index(b"/static/abp/demo.js")
+    assert b'href="/abp/demo/"' in fetch(f"{stack.http_url}/")[2]
+
+
+@pytest.mark.parametrize("name", ["runtime.js", "client.js", "wire.js", "bridge.js", "demo.js"])
+def test_browser_modules_are_served_as_javascript_to_any_origin(stack: Stack, name: str) -> None:
+    url = f"{stack.http_url}/static/abp/{name}"
+    status, headers, body = fetch(url)
+    assert status == 200
+    assert headers["Content-Type"] == "text/javascript; charset=utf-8"
+    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Cache-Control"] == "no-cache"
+    assert body.startswith(b"// @ts-check")
+    assert fetch(url, **{"If-Modified-Since": headers["Last-Modified"]})[0] == 304
+    assert fetch(url, method="HEAD")[0] == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "static/abp/missing.js",
+        "static/abp/../../abpsite/settings.py",
+        "static/abp/",
+        "static/abp/x.py",
+    ],
+)
+def test_nothing_else_is_served_from_there(stack: Stack, path: str) -> None:
+    assert fetch(f"{stack.http_url}/{path}")[0] == 404
+
+
+def test_stylesheet(stack: Stack) -> None:
+    _, headers, _ = fetch(f"{stack.http_url}/static/abp/abp.css")
+    assert headers["Content-Type"] == "text/css; charset=utf-8"
+
+
+@pytest.mark.parametrize(
+    ("entry", "origin"),
+    [
+        ("https://App.Example.com", "https://app.example.com"),
+        ("https://app.example.com/", "https://app.example.com"),
+        ("https://app.example.com:443", "https://app.example.com"),
+        ("http://127.0.0.1:8123", "http://127.0.0.1:8123"),
+        ("http://localhost:*", "http://localhost:*"),
+        ("http://[::1]:8000", "http://[::1]:8000"),
+    ],
+)
+def test_allowed_origins_are_written_as_browsers_write_them(entry: str, origin: str) -> None:
+    assert normalize_origin(entry) == origin
+
+
+@pytest.mark.parametrize(
+    "entry", ["*", "null", "app.example.com", "https://app.example.com/path", "ftp://x", "http://"]
+)
+def test_what_is_not_an_origin_is_refused(entry: str) -> None:
+    with pytest.raises(ImproperlyConfigured):
+        normalize_origin(entry)
+
+
+@pytest.fixture
+def untidy_origins() -> Iterator[None]:
+    entries = ["https://A.example/", "https://a.example", "http://localhost:*"]
+    with override_settings(ABP={**settings.ABP, "EMBED_ALLOWED_ORIGINS": entries}):
+        yield
+
+
+@pytest.mark.usefixtures("untidy_origins")
+def test_allowed_origins_setting_is_normalized_and_deduplicated() -> None:
+    assert embed_allowed_origins() == ["https://a.example", "http://localhost:*"]
