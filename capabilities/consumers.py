@@ -8,11 +8,13 @@ updates. ORM work goes through database_sync_to_async.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
 
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -63,6 +65,32 @@ def _capability_names() -> list[str]:
 
 class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     """One agent connection speaking the ABP envelope."""
+
+    # Set once a send found the socket closed, or once we closed it.
+    socket_gone = False
+
+    async def send(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+    ) -> None:
+        """Send a frame, unless the socket is gone.
+
+        A note (progress, a result) can arrive after the socket closed and before
+        Daphne delivers the disconnect; sending then raised and killed the consumer
+        before `disconnect` could cancel the session's calls. The frame is dropped
+        (the outcome stays in the DB) and `disconnect` runs as it should.
+        """
+        if self.socket_gone:
+            return
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except Disconnected:
+            self.socket_gone = True
+
+    async def close(self, code: int | None = None, reason: str | None = None) -> None:
+        if not self.socket_gone:
+            with contextlib.suppress(Disconnected):
+                await super().close(code=code, reason=reason)
+        self.socket_gone = True
 
     async def connect(self) -> None:
         self.session = Session(capability_names=_capability_names, app=app_info())
