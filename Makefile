@@ -101,6 +101,7 @@ migrate: deps
 run: migrate
 	@echo
 	@echo "==> The demo is at http://127.0.0.1:$(PORT)/ (Redis on 127.0.0.1:$(REDIS_PORT)). Ctrl-C stops everything."
+	@$(BIN)/python manage.py ensure_dev_superuser | sed 's|^Admin: /admin/|==> The admin is at http://127.0.0.1:$(PORT)/admin/|'
 	@echo
 	exec $(BIN)/honcho start -f Procfile -p $(PORT)
 

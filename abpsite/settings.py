@@ -13,6 +13,8 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from abpsite.static_headers import add_headers
+
 # Lets admin.ModelAdmin[Job] and friends be subscripted at run time, as typed.
 django_stubs_ext.monkeypatch()
 
@@ -63,6 +65,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Daphne serves no static files: WhiteNoise serves the admin's and ours.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -129,6 +133,11 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "var" / "static"))
 MEDIA_ROOT = Path(os.environ.get("DJANGO_MEDIA_ROOT", BASE_DIR / "var" / "media"))
 MEDIA_URL = "media/"
+# Served straight from the apps' and STATICFILES_DIRS' folders: no collectstatic step
+# to forget; WhiteNoise answers with CORS allowed (module imports from other sites).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+WHITENOISE_ADD_HEADERS_FUNCTION = add_headers
 
 # Redis carries three things: the Celery broker, the channel layer (pub/sub) and the
 # abort flags. One URL by default; each can be pointed elsewhere.

@@ -10,5 +10,4 @@ urlpatterns = [
     path("abp/embed/", views.embed, name="abp-embed"),
     path("abp/demo/", views.demo, name="abp-demo"),
     path("abp/files/<str:token>/<str:filename>", downloads.download, name="abp-download"),
-    path("static/abp/<path:name>", views.browser_module, name="abp-browser-module"),
 ]

@@ -1,21 +1,19 @@
 """HTTP views: the app page, the ABP manifest, the embed bridge, the demo, and the
-browser modules (`static/abp/`) that those pages load."""
+browser modules (`static/abp/`, served by WhiteNoise) that those pages load."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.views import static
 from django.views.decorators.cache import cache_control
 from django.views.decorators.clickjacking import xframe_options_exempt
-from django.views.decorators.http import require_GET, require_safe
+from django.views.decorators.http import require_GET
 
 from capabilities import registry
 from capabilities.consumers import app_info
@@ -24,16 +22,6 @@ from capabilities.protocol import PROTOCOL_VERSION
 # Where agents open their WebSocket (capabilities/routing.py); the pages pass it to
 # the browser modules.
 WEBSOCKET_PATH = "/abp/ws"
-
-BROWSER_MODULES_DIR = Path(settings.BASE_DIR) / "static" / "abp"
-
-# What the browser modules directory may serve, and as what. Anything else is a 404.
-# A JavaScript MIME type is required: module scripts are refused without one, and
-# SecurityMiddleware sends `nosniff`.
-_CONTENT_TYPES = {
-    ".js": "text/javascript; charset=utf-8",
-    ".css": "text/css; charset=utf-8",
-}
 
 # scheme://host[:port], where the port may be `*` (any port), as CSP's frame-ancestors
 # writes it. Browsers send origins without a path and without the default port.
@@ -142,23 +130,4 @@ def embed(request: HttpRequest) -> HttpResponse:
     }
     response = render(request, "abp/embed.html", _page_context(config=config))
     response["Content-Security-Policy"] = _embed_csp(origins)
-    return response
-
-
-@require_safe
-def browser_module(request: HttpRequest, name: str) -> HttpResponseBase:
-    """`/static/abp/<name>`: the runtime, the bridge, the client and the demo's files.
-
-    The app serves them itself (Daphne serves no static files, and `/` needs the
-    runtime in production too). They are readable cross-origin because a parent page
-    on another origin imports client.js as a module, which is fetched with CORS. They
-    are revalidated on every use (Last-Modified, 304), so a deploy is seen at once.
-    """
-    content_type = _CONTENT_TYPES.get(Path(name).suffix)
-    if content_type is None:
-        raise Http404(name)
-    response = static.serve(request, name, document_root=str(BROWSER_MODULES_DIR))
-    response["Content-Type"] = content_type
-    response["Access-Control-Allow-Origin"] = "*"
-    response["Cache-Control"] = "no-cache"
     return response
