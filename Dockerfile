@@ -23,8 +23,7 @@ RUN pip install '.[postgres]' \
     && mkdir -p /app/var/media /app/var/static \
     && chown -R app:app /app/var
 ENV PYTHONPATH=/app \
-    DJANGO_MEDIA_ROOT=/app/var/media \
-    DJANGO_STATIC_ROOT=/app/var/static
+    DJANGO_MEDIA_ROOT=/app/var/media
 
 USER app
 EXPOSE 8000
