@@ -132,7 +132,9 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Only for `collectstatic` (e.g. to hand the files to a CDN): WhiteNoise serves them
 # from the apps' folders without it.
-STATIC_ROOT = Path(os.environ["DJANGO_STATIC_ROOT"]) if os.environ.get("DJANGO_STATIC_ROOT") else None
+STATIC_ROOT = (
+    Path(os.environ["DJANGO_STATIC_ROOT"]) if os.environ.get("DJANGO_STATIC_ROOT") else None
+)
 MEDIA_ROOT = Path(os.environ.get("DJANGO_MEDIA_ROOT", BASE_DIR / "var" / "media"))
 MEDIA_URL = "media/"
 # Served straight from the apps' and STATICFILES_DIRS' folders: no collectstatic step
