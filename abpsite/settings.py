@@ -160,7 +160,12 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_ACKS_LATE = True
+# Tasks are acknowledged when a worker takes them. What makes a call durable is its
+# job row: a worker that dies mid-job gets the job failed with WORKER_LOST (by
+# heartbeat), and a redelivered task never restarts a job. With late acks, kombu 5.7
+# requeues unacknowledged tasks when the broker connection drops and the worker
+# exits on that (a Redis restart killed it; tests/test_redis_restart.py).
+CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -65,10 +65,18 @@ async def request_abort_async(job_id: str) -> None:
     client = _async_clients.get(loop_id)
     if client is None:
         client = _async_clients[loop_id] = redis.asyncio.Redis.from_url(settings.REDIS_URL)
-    pipe = client.pipeline(transaction=False)
-    pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
-    pipe.publish(settings.ABP["ABORT_CHANNEL"], job_id)
-    await pipe.execute()
+    # Twice: after a Redis restart the first command meets a dead pooled connection.
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
+        pipe.publish(settings.ABP["ABORT_CHANNEL"], job_id)
+        try:
+            await pipe.execute()
+        except redis.ConnectionError:
+            if attempt:
+                raise
+        else:
+            return
 
 
 def is_abort_requested(job_id: str) -> bool:

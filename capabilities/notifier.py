@@ -38,11 +38,20 @@ def notify(session_id: str, message: dict[str, Any]) -> bool:
     A lost message loses nothing: outcomes live in the DB, and consumers read them.
     """
     layer = get_channel_layer()
-    try:
-        _loop().run_until_complete(layer.group_send(session_group(session_id), message))
-    except Exception:
-        logger.warning(
-            "Could not send %s to session %s", message.get("type"), session_id, exc_info=True
-        )
-        return False
-    return True
+    group = session_group(session_id)
+    # Twice: after a Redis restart the first send meets a dead pooled connection,
+    # which the client then drops, so a second try goes out on a new one.
+    for attempt in range(2):
+        try:
+            _loop().run_until_complete(layer.group_send(group, message))
+        except Exception:
+            if attempt:
+                logger.warning(
+                    "Could not send %s to session %s",
+                    message.get("type"),
+                    session_id,
+                    exc_info=True,
+                )
+        else:
+            return True
+    return False

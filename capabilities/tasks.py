@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 SWITCH_INTERVAL_SECONDS = 0.0005
 
 
-@shared_task(name="abp.run_job", bind=True, ignore_result=True, acks_late=True)
+@shared_task(name="abp.run_job", bind=True, ignore_result=True)
 def run_job(self: Any, job_id: str) -> None:
     """Run one job (the task id is the job id)."""
     worker.execute(job_id, worker_name=f"{self.request.hostname}:{os.getpid()}")
