@@ -7,7 +7,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("channel_layers.py", "cancel_latency.py", "capabilities_speed.py")
+BENCHMARKS = (
+    "channel_layers.py",
+    "cancel_latency.py",
+    "capabilities_speed.py",
+    "admin_changelist.py",
+)
 
 
 def main() -> int:
