@@ -183,8 +183,6 @@ def heartbeat(job_id: str) -> None:
 
 def fail_lost(job_id: uuid.UUID | str, *, last_seen: datetime | None = None) -> bool:
     """Fail a job whose worker died (retryable), tell its agent; True if this settled it."""
-    from capabilities.notifier import notify  # channels' layer loads lazily
-
     error = WireError(
         code=ErrorCode.WORKER_LOST,
         message="The worker running this call stopped unexpectedly; it can be retried.",
@@ -195,9 +193,7 @@ def fail_lost(job_id: uuid.UUID | str, *, last_seen: datetime | None = None) -> 
     Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(
         stopped_at=last_seen or timezone.now()
     )
-    job = Job.objects.filter(pk=job_id).only("session_id", "call_id").first()
-    if job is not None:
-        notify(str(job.session_id), {"type": "job.settled", "call_id": job.call_id})
+    _tell_session(job_id)
     return True
 
 
@@ -247,11 +243,17 @@ def cancel_and_notify(job_id: uuid.UUID | str, *, source: CancelSource, reason: 
     The session's consumer hears of it through the channel layer and sends the
     agent its cancelled call-result.
     """
+    if not cancel(job_id, source=source, reason=reason):
+        return False
+    _tell_session(job_id)
+    revoke(job_id)
+    return True
+
+
+def _tell_session(job_id: uuid.UUID | str) -> None:
+    """Tell the job's session consumer (on any Daphne) that the job settled."""
     from capabilities.notifier import notify  # channels' layer loads lazily
 
     job = Job.objects.filter(pk=job_id).only("session_id", "call_id").first()
-    if job is None or not cancel(job_id, source=source, reason=reason):
-        return False
-    notify(str(job.session_id), {"type": "job.settled", "call_id": job.call_id})
-    revoke(job_id)
-    return True
+    if job is not None:
+        notify(str(job.session_id), {"type": "job.settled", "call_id": job.call_id})
