@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
+from tests.support.jobs import wait_running
 from tests.support.waiting import eventually
 
 CHANGELIST = reverse("admin:capabilities_job_changelist")
@@ -139,11 +140,7 @@ def test_non_staff_are_refused() -> None:
 
 def test_cancel_action_reaches_the_agent_and_stops_the_worker(staff: Client, agent: Agent) -> None:
     call = agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id="ops")
-    job = eventually(
-        Job.objects.filter(
-            session_id=agent.session_id, call_id="ops", status=JobStatus.RUNNING
-        ).first
-    )
+    job = wait_running(agent, "ops")
     response = staff.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [job.pk]})
     assert response.status_code == 302
     payload = agent.result_of(call)["payload"]

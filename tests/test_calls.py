@@ -10,6 +10,7 @@ import pytest
 from capabilities import jobs
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
+from tests.support.jobs import wait_stopped
 from tests.support.stack import Stack
 from tests.support.waiting import eventually, seconds_between
 
@@ -123,11 +124,7 @@ def test_timeout_ends_the_call_as_cancelled(agent: Agent) -> None:
     assert payload["cancelled"] is True
     assert payload["error"]["code"] == "TIMEOUT"
     assert payload["error"]["retryable"] is True
-    job = eventually(
-        lambda: Job.objects.filter(
-            session_id=agent.session_id, call_id="slow", stopped_at__isnull=False
-        ).first()
-    )
+    job = wait_stopped(agent, "slow")
     assert job.cancel_source == CancelSource.TIMEOUT
     assert 0.25 < seconds_between(job.created_at, job.settled_at) < 2
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.agent import Agent
+from tests.support.jobs import wait_running, wait_stopped
 from tests.support.stack import Stack
 from tests.support.waiting import eventually, seconds_between
 
@@ -12,23 +13,6 @@ LONG = {"mode": "checkpoint", "steps": 500, "stepMs": 20}
 
 def job_of(agent: Agent, call_id: str) -> Job:
     return Job.objects.get(session_id=agent.session_id, call_id=call_id)
-
-
-def wait_running(agent: Agent, call_id: str) -> Job:
-    return eventually(
-        lambda: Job.objects.filter(
-            session_id=agent.session_id, call_id=call_id, status=JobStatus.RUNNING
-        ).first()
-    )
-
-
-def wait_stopped(agent: Agent, call_id: str, timeout: float = 10.0) -> Job:
-    return eventually(
-        lambda: Job.objects.filter(
-            session_id=agent.session_id, call_id=call_id, stopped_at__isnull=False
-        ).first(),
-        timeout,
-    )
 
 
 def types_for(agent: Agent, call_id: str) -> list[str]:

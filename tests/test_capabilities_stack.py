@@ -13,10 +13,11 @@ import pytest
 from django.core.files.storage import default_storage
 from PIL import Image
 
-from capabilities.models import Job, JobStatus
+from capabilities.models import Job
 from tests.support.agent import Agent
+from tests.support.jobs import wait_running, wait_stopped
 from tests.support.stack import Stack
-from tests.support.waiting import eventually, seconds_between
+from tests.support.waiting import seconds_between
 
 
 def binary(data: bytes, mime: str) -> dict[str, str]:
@@ -101,18 +102,10 @@ def test_cancel_a_running_image_job(agent: Agent) -> None:
         "operations": [{"type": "blur", "radius": 60}] * 6,
     }
     call_id = agent.call("process.image", heavy, call_id="img-cancel")
-    eventually(
-        Job.objects.filter(
-            session_id=agent.session_id, call_id="img-cancel", status=JobStatus.RUNNING
-        ).exists
-    )
+    wait_running(agent, "img-cancel")
     agent.cancel("img-cancel")
     assert agent.result_of(call_id)["payload"]["cancelled"] is True
-    job = eventually(
-        Job.objects.filter(
-            session_id=agent.session_id, call_id="img-cancel", stopped_at__isnull=False
-        ).first
-    )
+    job = wait_stopped(agent, "img-cancel")
     assert seconds_between(job.settled_at, job.stopped_at) < 1.0
     assert not job.hard_killed
 

@@ -9,6 +9,7 @@ from websockets.exceptions import ConnectionClosed
 
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
+from tests.support.jobs import wait_stopped
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
@@ -123,11 +124,7 @@ def test_disconnect_cancels_calls_and_stops_the_work(stack: Stack) -> None:
         lambda: Job.objects.filter(session_id=agent.session_id, status=JobStatus.RUNNING).exists()
     )
     agent.close()
-    job = eventually(
-        lambda: Job.objects.filter(
-            session_id=agent.session_id, call_id="gone", stopped_at__isnull=False
-        ).first()
-    )
+    job = wait_stopped(agent, "gone")
     assert job.status == JobStatus.CANCELLED
     assert job.cancel_source == CancelSource.DISCONNECT
     assert not job.hard_killed

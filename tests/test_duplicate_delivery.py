@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
-from capabilities.models import Job, JobStatus
+from capabilities.models import Job
 from capabilities.tasks import run_job
 from tests.support.agent import Agent
+from tests.support.jobs import wait_running
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
@@ -27,11 +28,7 @@ def skipped(stack: Stack, job_id: str) -> bool:
 
 def test_a_running_job_is_not_started_again(stack: Stack, agent: Agent) -> None:
     call = agent.call("test.sleep", {"steps": 50, "stepMs": 20}, call_id="twice")
-    job = eventually(
-        Job.objects.filter(
-            session_id=agent.session_id, call_id="twice", status=JobStatus.RUNNING
-        ).first
-    )
+    job = wait_running(agent, "twice")
     redeliver(job)
     eventually(lambda: skipped(stack, str(job.id)))
     assert agent.result_of(call)["payload"]["success"] is True

@@ -11,16 +11,13 @@ from django.utils import timezone
 from capabilities import reaper
 from capabilities.models import AgentSession, Job, JobStatus
 from tests.support.agent import Agent
+from tests.support.jobs import wait_running
 from tests.support.waiting import eventually
 
 
 def test_killed_worker_child_answers_worker_lost(agent: Agent) -> None:
     call = agent.call("test.sleep", {"steps": 1000, "stepMs": 20}, call_id="doomed")
-    job = eventually(
-        Job.objects.filter(
-            session_id=agent.session_id, call_id="doomed", status=JobStatus.RUNNING
-        ).first
-    )
+    job = wait_running(agent, "doomed")
     child_pid = int(job.worker.rsplit(":", 1)[1])
     os.kill(child_pid, signal.SIGKILL)
     payload = agent.result_of(call, timeout=15)["payload"]
@@ -38,11 +35,7 @@ def test_killed_worker_child_answers_worker_lost(agent: Agent) -> None:
 
 def test_running_jobs_keep_a_fresh_heartbeat(agent: Agent) -> None:
     call = agent.call("test.sleep", {"steps": 300, "stepMs": 20}, call_id="alive")
-    job = eventually(
-        Job.objects.filter(
-            session_id=agent.session_id, call_id="alive", status=JobStatus.RUNNING
-        ).first
-    )
+    job = wait_running(agent, "alive")
     first = job.heartbeat_at
     assert first is not None
     # Beats every second in the tests (WORKER_LOST_AFTER_SECONDS=3): a later one comes.
