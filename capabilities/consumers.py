@@ -23,7 +23,7 @@ from capabilities import aborts, jobs, registry, replies, session_store
 from capabilities.jobs import CallIdInUse
 from capabilities.models import CancelSource, Job, session_group
 from capabilities.protocol import ErrorCode, ProtocolError, WireError, decode
-from capabilities.results import cancelled_response
+from capabilities.results import outcome_response
 from capabilities.session import (
     Action,
     CancelCall,
@@ -277,13 +277,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if self.session.finish(call.call_id) is None:
             return
         outcome = jobs.Outcome.cancelled(source)
-        assert outcome.error is not None
         started = self.started.pop(call.call_id, time.monotonic())
         duration = int((time.monotonic() - started) * 1000)
         await self.notify_completed(call.call_id)
         await self.send(
             text_data=replies.call_result(
-                call.request_id, cancelled_response(call.call_id, outcome.error, duration)
+                call.request_id, outcome_response(call.call_id, outcome, duration)
             )
         )
         self.forget(call.call_id)

@@ -29,51 +29,58 @@ NOTE_RESPONSE_MAX_BYTES = 16 * 1024
 
 def call_response(job: Job, *, base_url: str = "") -> dict[str, Any]:
     """The ABPResponse for a settled job; download URLs start with `base_url`."""
-    response: dict[str, Any] = {
-        "callId": job.call_id,
-        "success": job.status == JobStatus.SUCCEEDED,
-        "metadata": {"duration": duration_ms(job)},
-    }
-    if job.status == JobStatus.SUCCEEDED:
-        response["data"] = materialize(job, base_url=base_url)
-        return response
-    response["error"] = job_error(job).to_json()
-    if job.status == JobStatus.CANCELLED:
-        response["cancelled"] = True
-    return response
+    succeeded = job.status == JobStatus.SUCCEEDED
+    return _response(
+        job.call_id,
+        JobStatus(job.status),
+        data=materialize(job, base_url=base_url) if succeeded else None,
+        error=None if succeeded else job_error(job),
+        duration=duration_ms(job),
+    )
+
+
+def outcome_response(call_id: str, outcome: Outcome, duration: int) -> dict[str, Any]:
+    """The ABPResponse of an outcome this process just settled (no DB read).
+
+    Result files are not inlined here: see `inline_response`.
+    """
+    return _response(
+        call_id, outcome.status, data=outcome.result or {}, error=outcome.error, duration=duration
+    )
 
 
 def inline_response(job: Job, outcome: Outcome) -> dict[str, Any] | None:
     """The response of a job the worker just settled, if small and file-free."""
     if outcome.result is not None and any(_is_file_ref(v) for v in outcome.result.values()):
         return None
-    settled = Job(
-        call_id=job.call_id,
-        status=outcome.status,
-        result=outcome.result,
-        created_at=job.created_at,
-        settled_at=timezone.now(),
-    )
-    if outcome.error is not None:
-        settled.error_code = outcome.error.code
-        settled.error_message = outcome.error.message
-        settled.error_retryable = bool(outcome.error.to_json()["retryable"])
-        settled.error_details = outcome.error.details
-    response = call_response(settled)
+    elapsed = int((timezone.now() - job.created_at).total_seconds() * 1000)
+    response = outcome_response(job.call_id, outcome, elapsed)
     if len(json.dumps(response)) > NOTE_RESPONSE_MAX_BYTES:
         return None
     return response
 
 
-def cancelled_response(call_id: str, error: WireError, duration: int) -> dict[str, Any]:
-    """The ABPResponse of a call the consumer itself just cancelled (no DB read)."""
-    return {
+def _response(
+    call_id: str,
+    status: JobStatus,
+    *,
+    data: dict[str, Any] | None,
+    error: WireError | None,
+    duration: int,
+) -> dict[str, Any]:
+    response: dict[str, Any] = {
         "callId": call_id,
-        "success": False,
-        "cancelled": True,
-        "error": error.to_json(),
+        "success": status == JobStatus.SUCCEEDED,
         "metadata": {"duration": duration},
     }
+    if status == JobStatus.SUCCEEDED:
+        response["data"] = data or {}
+        return response
+    assert error is not None
+    response["error"] = error.to_json()
+    if status == JobStatus.CANCELLED:
+        response["cancelled"] = True
+    return response
 
 
 def job_error(job: Job) -> WireError:
