@@ -84,7 +84,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 # Everything `make run` starts sees these (honcho passes its environment on; a .env
 # file, if there is one, is read by honcho and wins over them).
-run migrate: export DJANGO_DEBUG := 1
+run migrate: export DJANGO_ENV := development
 run migrate: export REDIS_PORT := $(REDIS_PORT)
 run migrate: export REDIS_URL := redis://127.0.0.1:$(REDIS_PORT)/0
 run migrate: export PORT := $(PORT)
@@ -107,8 +107,8 @@ run: migrate
 
 # --- checks ---------------------------------------------------------------------------
 
-# mypy's Django plugin imports the settings, which need DEBUG or a secret key.
-lint: export DJANGO_DEBUG := 1
+# mypy's Django plugin imports the settings; development ones need no secret key.
+lint: export DJANGO_ENV := development
 lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from abpsite.safety import DEVELOPMENT_SECRET_KEY, production_problems
 from abpsite.static_headers import add_headers
 
 # Lets admin.ModelAdmin[Job] and friends be subscripted at run time, as typed.
@@ -38,18 +40,43 @@ def _env_float(name: str, default: float) -> float:
     return default if value in (None, "") else float(value)
 
 
+def _origin_of(url: str) -> list[str]:
+    parts = urlsplit(url)
+    return [f"{parts.scheme}://{parts.netloc}"] if parts.scheme and parts.netloc else []
+
+
 def _env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-DEBUG = _env_bool("DJANGO_DEBUG", False)
+# "production" (the default: every security default on, unsafe values refused at
+# start) or "development" (`make run`: DEBUG, anonymous agents, a built-in key).
+ENVIRONMENT = os.environ.get("DJANGO_ENV", "production").strip().lower()
+if ENVIRONMENT not in {"production", "development"}:
+    raise ImproperlyConfigured("DJANGO_ENV must be `production` or `development`.")
+DEVELOPMENT = ENVIRONMENT == "development"
+
+DEBUG = _env_bool("DJANGO_DEBUG", DEVELOPMENT)
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off.")
-    SECRET_KEY = "django-insecure-development-only-key"
+if not SECRET_KEY and DEVELOPMENT:
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
 
 ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
+
+# Cookies only over HTTPS, never readable by scripts. Only the admin sets any.
+SESSION_COOKIE_SECURE = _env_bool("DJANGO_SECURE_COOKIES", not DEVELOPMENT)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# Behind a proxy that terminates TLS: trust its X-Forwarded-Proto (only set this when
+# the proxy always overwrites that header).
+if _env_bool("DJANGO_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = _env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = _env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
 
 INSTALLED_APPS = [
     "daphne",
@@ -60,6 +87,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "csp",
     "capabilities",
 ]
 
@@ -73,7 +101,28 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
+
+# Every page gets a Content-Security-Policy: scripts and connections to this origin
+# only, nothing framed from elsewhere, framed by nobody (the embed page widens
+# frame-ancestors to ABP_EMBED_ALLOWED_ORIGINS). Inline styles stay allowed: the
+# admin's status pills and progress bars use style attributes.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "frame-src": ["'self'", "blob:"],
+        # Download URLs may point at ABP_PUBLIC_BASE_URL; pages fetch them.
+        "connect-src": ["'self'", *_origin_of(os.environ.get("ABP_PUBLIC_BASE_URL", ""))],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 ROOT_URLCONF = "abpsite.urls"
 ASGI_APPLICATION = "abpsite.asgi.application"
@@ -183,6 +232,8 @@ CELERY_BEAT_SCHEDULE = {
     "abp-clean-up": {"task": "abp.clean_up", "schedule": 3600.0},
 }
 
+_LOCAL_ORIGINS = "http://localhost:*,http://127.0.0.1:*"
+
 # Everything the ABP engine reads, in one namespace (like REST_FRAMEWORK).
 ABP: dict[str, Any] = {
     "APP_ID": os.environ.get("ABP_APP_ID", "abp-jobs"),
@@ -199,8 +250,26 @@ ABP: dict[str, Any] = {
     # Empty in production unless set; in DEBUG it defaults to any port on localhost and
     # 127.0.0.1, so that a local page can embed the app without configuration.
     "EMBED_ALLOWED_ORIGINS": _env_list(
-        "ABP_EMBED_ALLOWED_ORIGINS", "http://localhost:*,http://127.0.0.1:*" if DEBUG else ""
+        "ABP_EMBED_ALLOWED_ORIGINS", _LOCAL_ORIGINS if DEVELOPMENT else ""
     ),
+    # Browser origins (full, as above) whose pages may open the WebSocket: the origin
+    # the app's own pages are served from, and any page using client.js directly.
+    # Clients that send no Origin header (agents outside a browser) are not checked
+    # here; they need a key. Required in production.
+    "ALLOWED_ORIGINS": _env_list("ABP_ALLOWED_ORIGINS", _LOCAL_ORIGINS if DEVELOPMENT else ""),
+    # WebSocket clients with no credential at all are let in (development only:
+    # production refuses to start with it on; a warning is logged at start).
+    "ALLOW_ANONYMOUS": _env_bool("ABP_ALLOW_ANONYMOUS", DEVELOPMENT),
+    # The app's pages get a signed token for their WebSocket, valid this long for
+    # opening connections (an open connection stays open).
+    "PAGE_TOKEN_MAX_AGE_SECONDS": _env_int("ABP_PAGE_TOKEN_MAX_AGE_SECONDS", 600),
+    # Calls in flight at once in one session; more are refused with RATE_LIMITED.
+    # An agent key may set its own.
+    "MAX_CONCURRENT_CALLS": _env_int("ABP_MAX_CONCURRENT_CALLS", 16),
+    # Calls per minute (sliding window) per agent key, or per client address for
+    # page tokens and anonymous clients; more are refused with RATE_LIMITED and
+    # retryAfter. An agent key may set its own.
+    "CALLS_PER_MINUTE": _env_int("ABP_CALLS_PER_MINUTE", 120),
     # Abort flags: a key per job with a TTL longer than any job's life, plus a publish.
     "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", "abp:abort:"),
     "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", "abp:abort"),
@@ -265,3 +334,18 @@ LOGGING = {
         "fontTools": {"level": "WARNING"},
     },
 }
+
+if not DEVELOPMENT:
+    _problems = production_problems(
+        debug=DEBUG,
+        secret_key=SECRET_KEY,
+        allow_anonymous=ABP["ALLOW_ANONYMOUS"],
+        allowed_origins=ABP["ALLOWED_ORIGINS"],
+        embed_allowed_origins=ABP["EMBED_ALLOWED_ORIGINS"],
+        allowed_hosts=ALLOWED_HOSTS,
+    )
+    if _problems:
+        raise ImproperlyConfigured(
+            "Refusing to start with unsafe production settings (DJANGO_ENV=production):\n- "
+            + "\n- ".join(_problems)
+        )

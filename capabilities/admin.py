@@ -21,7 +21,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from capabilities import admin_display as display
-from capabilities import jobs, registry
+from capabilities import (
+    admin_keys,  # noqa: F401 - registers AgentKeyAdmin
+    jobs,
+    registry,
+)
 from capabilities.admin_summary import changelist_summary
 from capabilities.models import ACTIVE_STATUSES, AgentSession, CancelSource, Job, JobStatus
 from capabilities.results import FILE_REF_KEY
@@ -260,13 +264,17 @@ class AgentSessionAdmin(ReadOnlyAdmin):
         "id",
         "agent_name",
         "agent_version",
+        "agent_key",
+        "auth",
         "origin",
+        "client_address",
         "connected_at",
         "closed_at",
         "close_reason",
         "job_counts",
     )
-    search_fields = ("=id", "^agent_name")
+    list_select_related = ("agent_key",)
+    search_fields = ("=id", "^agent_name", "=agent_key__prefix")
     list_filter = ("connected_at",)
     ordering = ("-connected_at",)
     list_per_page = 50

@@ -1,6 +1,11 @@
 """App config."""
 
+import logging
+
 from django.apps import AppConfig
+from django.conf import settings
+
+logger = logging.getLogger("capabilities")
 
 
 class CapabilitiesConfig(AppConfig):
@@ -9,3 +14,11 @@ class CapabilitiesConfig(AppConfig):
     name = "capabilities"
     verbose_name = "ABP capabilities"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        if settings.ABP["ALLOW_ANONYMOUS"]:
+            # Production refuses this setting; in development, say it loudly.
+            logger.warning(
+                "ABP_ALLOW_ANONYMOUS is on: WebSocket clients without an agent key are "
+                "let in. Development only."
+            )

@@ -19,7 +19,16 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from capabilities import aborts, jobs, registry, replies, session_store
+from capabilities import (
+    aborts,
+    agent_keys,
+    jobs,
+    rate_limits,
+    registry,
+    replies,
+    session_store,
+    ws_auth,
+)
 from capabilities.jobs import CallIdInUse
 from capabilities.models import CancelSource, Job, session_group
 from capabilities.protocol import ErrorCode, ProtocolError, WireError, decode
@@ -93,6 +102,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.socket_gone = True
 
     async def connect(self) -> None:
+        self.principal: ws_auth.Principal | None = None
         self.session = Session(capability_names=_capability_names, app=app_info())
         self.serial = asyncio.Lock()
         self.timers: dict[str, asyncio.TimerHandle] = {}
@@ -100,10 +110,46 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.background: set[asyncio.Future[Any]] = set()
         self.base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
         self.group: str | None = None
-        await self.accept()
+        self.key_group: str | None = None
+        prefix = ws_auth.key_prefix_presented(self.scope)
+        if prefix is not None:
+            # Joined before the key is checked: a revoke racing this connect is heard.
+            self.key_group = agent_keys.key_group(prefix)
+            await self.channel_layer.group_add(self.key_group, self.channel_name)
+        subprotocol = ws_auth.selected_subprotocol(self.scope)
+        try:
+            principal = await database_sync_to_async(ws_auth.authenticate)(self.scope)
+        except ws_auth.Refused as refused:
+            await self.accept(subprotocol=subprotocol)
+            await self.refuse(refused.reason)
+            return
+        self.principal = principal
+        self.session = Session(
+            capability_names=_capability_names,
+            app=app_info(),
+            max_concurrent_calls=principal.max_concurrent_calls,
+        )
+        await self.accept(subprotocol=subprotocol)
+
+    async def refuse(self, reason: str) -> None:
+        """Say why in a `notifications/error`, then close with the reason's code.
+
+        Daphne drops close reasons, so the frame carries the stable reason.
+        """
+        code = ws_auth.CLOSE_CODES[reason]
+        error = WireError(
+            code=ErrorCode.PERMISSION_DENIED,
+            message=ws_auth.REFUSAL_MESSAGES[reason],
+            retryable=reason == "expired-credentials",
+            details={"reason": reason, "closeCode": code},
+        )
+        await self.send(text_data=replies.notification("notifications/error", error.to_json()))
+        await self.close(code=code)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
+        if self.principal is None:
+            return  # refused: the close is on its way
         frame: str | bytes = text_data if text_data is not None else (bytes_data or b"")
         try:
             message: Any = decode(frame)
@@ -113,6 +159,8 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.perform(self.session.receive(message))
 
     async def disconnect(self, code: int) -> None:
+        if self.key_group is not None:
+            await self.channel_layer.group_discard(self.key_group, self.channel_name)
         async with self.serial:
             await self.perform(self.session.disconnected(), connected=False)
             for timer in self.timers.values():
@@ -144,8 +192,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def open_session(self, action: OpenSession) -> None:
         origin = dict(self.scope.get("headers", [])).get(b"origin", b"").decode("latin-1")
+        assert self.principal is not None
         await database_sync_to_async(session_store.open_session)(
-            action.session_id, action.message, origin=origin
+            action.session_id, action.message, origin=origin, principal=self.principal
         )
         self.group = session_group(action.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -153,7 +202,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def start_call(self, action: StartCall) -> None:
         spec = registry.get(action.capability)
         assert spec is not None  # the session checked the name
-        error = spec.validate(action.params)
+        error = await self.over_rate_limit() or spec.validate(action.params)
         if error is not None:
             await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
             return
@@ -174,6 +223,20 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             self._track(action, job)
             return
         await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
+
+    async def over_rate_limit(self) -> WireError | None:
+        """RATE_LIMITED (with retryAfter) past the principal's calls per minute."""
+        assert self.principal is not None
+        per_minute = self.principal.calls_per_minute
+        wait_ms = await rate_limits.retry_after_ms(self.principal.rate_limit_id, per_minute)
+        if wait_ms is None:
+            return None
+        return WireError(
+            code=ErrorCode.RATE_LIMITED,
+            message=f"At most {per_minute} calls per minute; retry after {wait_ms} ms.",
+            retry_after_ms=wait_ms,
+            details={"limit": "callsPerMinute", "max": per_minute},
+        )
 
     async def create_job(self, action: StartCall) -> Job:
         """Record the call and enqueue its task (in Django's sync thread)."""
@@ -375,3 +438,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def job_settled(self, event: dict[str, Any]) -> None:
         async with self.serial:
             await self.deliver(event["call_id"], event.get("response"))
+
+    async def agent_key_revoked(self, event: dict[str, Any]) -> None:
+        """The key this connection opened with was revoked: end its calls, close."""
+        async with self.serial:
+            if self.principal is None or self.socket_gone:
+                return
+            await self.perform(self.session.revoked())
+            await self.refuse("key-revoked")

@@ -44,6 +44,40 @@ class CancelSource(models.TextChoices):
     """An operator cancelled it in the admin."""
 
 
+class AgentKey(models.Model):
+    """A credential an agent opens WebSockets with. Only its hash is stored.
+
+    The key is `abp_<prefix>_<secret>`; the prefix finds the row and is shown in the
+    admin, the secret's SHA-256 is compared in constant time (keys are random, 256
+    bits: a slow password hash would add nothing but latency to every connect).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, help_text="Who holds it, for the admin.")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    max_concurrent_calls = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Calls in flight per session; empty: the default."
+    )
+    calls_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Calls per minute for this key; empty: the default."
+    )
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return f"{self.name} (abp_{self.prefix}_…)"
+
+    @property
+    def is_revoked(self) -> bool:
+        """Revoked keys open nothing, and their open connections were closed."""
+        return self.revoked_at is not None
+
+
 class AgentSession(models.Model):
     """One ABP session: created by initialize, ended by shutdown or disconnect."""
 
@@ -53,6 +87,12 @@ class AgentSession(models.Model):
     protocol_version = models.CharField(max_length=20, blank=True)
     features = models.JSONField(default=dict, blank=True)
     origin = models.CharField(max_length=300, blank=True)
+    agent_key = models.ForeignKey(
+        AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions"
+    )
+    # How the connection authenticated: key, page (a page token) or anonymous.
+    auth = models.CharField(max_length=10, blank=True)
+    client_address = models.CharField(max_length=100, blank=True)
     connected_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
     close_reason = models.CharField(max_length=300, blank=True)

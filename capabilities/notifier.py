@@ -1,4 +1,4 @@
-"""Send channel-layer messages to session groups from sync code (workers, admin, reaper).
+"""Send channel-layer messages to consumers' groups from sync code (workers, admin, reaper).
 
 `async_to_sync(layer.group_send)` would start a new event loop, and with it a new
 Redis connection, for every message. Instead each thread keeps one event loop of
@@ -37,8 +37,12 @@ def notify(session_id: str, message: dict[str, Any]) -> bool:
 
     A lost message loses nothing: outcomes live in the DB, and consumers read them.
     """
+    return notify_group(session_group(session_id), message)
+
+
+def notify_group(group: str, message: dict[str, Any]) -> bool:
+    """Send a message to every consumer in a channel-layer group; False if it failed."""
     layer = get_channel_layer()
-    group = session_group(session_id)
     # Twice: after a Redis restart the first send meets a dead pooled connection,
     # which the client then drops, so a second try goes out on a new one.
     for attempt in range(2):
@@ -46,12 +50,7 @@ def notify(session_id: str, message: dict[str, Any]) -> bool:
             _loop().run_until_complete(layer.group_send(group, message))
         except Exception:
             if attempt:
-                logger.warning(
-                    "Could not send %s to session %s",
-                    message.get("type"),
-                    session_id,
-                    exc_info=True,
-                )
+                logger.warning("Could not send %s to %s", message.get("type"), group, exc_info=True)
         else:
             return True
     return False

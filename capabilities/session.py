@@ -112,6 +112,7 @@ class Session:
         capability_names: Callable[[], list[str]],
         app: dict[str, Any],
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        max_concurrent_calls: int | None = None,
     ) -> None:
         self.state = SessionState.NEW
         self.session_id: str | None = None
@@ -120,6 +121,7 @@ class Session:
         self._app = app
         self._new_id = new_id
         self._calls: dict[str, InFlight] = {}
+        self._max_calls = max_concurrent_calls
 
     # -- messages in -------------------------------------------------------------
 
@@ -150,6 +152,14 @@ class Session:
             return []
         self.state = SessionState.CLOSED
         return [EndCalls(reason="connection closed", source="disconnect")]
+
+    def revoked(self) -> list[Action]:
+        """The connection's agent key was revoked: every in-flight call is cancelled."""
+        was_open = self.state is SessionState.OPEN
+        self.state = SessionState.CLOSED
+        if not was_open:
+            return []
+        return [EndCalls(reason="agent key revoked", source="operator")]
 
     def _refuse(self, error: ProtocolError) -> list[Action]:
         if self.state is SessionState.NEW and error.request_type not in (None, "initialize"):
@@ -198,6 +208,14 @@ class Session:
                 code=ErrorCode.UNKNOWN_CAPABILITY,
                 message=f"No capability named {message.capability[:100]!r}.",
                 details={"capability": message.capability[:100]},
+            )
+            return [Send(text=replies.call_error(message.id, call_id, error))]
+        if self._max_calls is not None and len(self._calls) >= self._max_calls:
+            error = WireError(
+                code=ErrorCode.RATE_LIMITED,
+                message=f"At most {self._max_calls} calls may be in flight at once; "
+                "wait for one to finish.",
+                details={"limit": "concurrentCalls", "max": self._max_calls},
             )
             return [Send(text=replies.call_error(message.id, call_id, error))]
         return [

@@ -9,10 +9,13 @@ from django.utils import timezone
 from capabilities import jobs, results
 from capabilities.models import AgentSession, CancelSource, Job
 from capabilities.protocol import Initialize
+from capabilities.ws_auth import Principal
 
 
-def open_session(session_id: str, message: Initialize, *, origin: str) -> None:
-    """Record a new session."""
+def open_session(
+    session_id: str, message: Initialize, *, origin: str, principal: Principal
+) -> None:
+    """Record a new session, and who opened it."""
     AgentSession.objects.create(
         id=session_id,
         agent_name=message.agent.name[:200],
@@ -24,6 +27,9 @@ def open_session(session_id: str, message: Initialize, *, origin: str) -> None:
             "elicitation": message.features.elicitation,
         },
         origin=origin[:300],
+        agent_key=principal.key,
+        auth=principal.kind,
+        client_address=principal.client_address[:100],
     )
 
 

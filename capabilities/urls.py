@@ -9,5 +9,6 @@ urlpatterns = [
     path("abp.json", views.manifest, name="abp-manifest"),
     path("abp/embed/", views.embed, name="abp-embed"),
     path("abp/demo/", views.demo, name="abp-demo"),
+    path("abp/page-token/", views.page_token, name="abp-page-token"),
     path("abp/files/<str:token>/<str:filename>", downloads.download, name="abp-download"),
 ]

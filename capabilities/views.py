@@ -3,78 +3,47 @@ browser modules (`static/abp/`, served by WhiteNoise) that those pages load."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.views.decorators.cache import cache_control
+from django.urls import reverse
+from django.views.decorators.cache import cache_control, never_cache
 from django.views.decorators.clickjacking import xframe_options_exempt
 from django.views.decorators.http import require_GET
 
-from capabilities import registry
+from capabilities import page_tokens, registry
 from capabilities.consumers import app_info
+from capabilities.origins import BadOrigin, normalize_all
 from capabilities.protocol import PROTOCOL_VERSION
 
 # Where agents open their WebSocket (capabilities/routing.py); the pages pass it to
 # the browser modules.
 WEBSOCKET_PATH = "/abp/ws"
 
-# scheme://host[:port], where the port may be `*` (any port), as CSP's frame-ancestors
-# writes it. Browsers send origins without a path and without the default port.
-_ORIGIN = re.compile(
-    r"^(?P<scheme>https?)://(?P<host>\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::(?P<port>\d{1,5}|\*))?/?$",
-    re.IGNORECASE,
-)
-_DEFAULT_PORTS = {"http": "80", "https": "443"}
-
-
-def normalize_origin(value: str) -> str:
-    """An allowed-origin entry as browsers write origins; ImproperlyConfigured if it is not one."""
-    match = _ORIGIN.match(value.strip())
-    if match is None:
-        raise ImproperlyConfigured(
-            f"ABP_EMBED_ALLOWED_ORIGINS: {value!r} is not an origin "
-            "(scheme://host[:port], with `*` for any port; never `*` alone or `null`)."
-        )
-    scheme, host, port = match["scheme"].lower(), match["host"].lower(), match["port"]
-    if port is None or port == _DEFAULT_PORTS[scheme]:
-        return f"{scheme}://{host}"
-    return f"{scheme}://{host}:{port}"
-
 
 def embed_allowed_origins() -> list[str]:
     """The origins other than the app's own that may embed and drive `/abp/embed/`."""
-    origins: list[str] = []
-    for entry in settings.ABP["EMBED_ALLOWED_ORIGINS"]:
-        origin = normalize_origin(entry)
-        if origin not in origins:
-            origins.append(origin)
-    return origins
+    try:
+        return normalize_all(settings.ABP["EMBED_ALLOWED_ORIGINS"])
+    except BadOrigin as error:
+        raise ImproperlyConfigured(f"ABP_EMBED_ALLOWED_ORIGINS: {error}") from error
 
 
-def _embed_csp(origins: list[str]) -> str:
-    """The embed page's policy: its own scripts only, and framed only by allowed origins."""
-    connect = ["'self'"]
-    public = settings.ABP["PUBLIC_BASE_URL"]
-    if public:
-        # Download URLs point there; the bridge fetches them for ArrayBuffer results.
-        parts = urlsplit(public)
-        connect.append(f"{parts.scheme}://{parts.netloc}")
-    ancestors = ["'self'", *origins]
-    return "; ".join(
-        [
-            "default-src 'none'",
-            "script-src 'self'",
-            f"connect-src {' '.join(connect)}",
-            "base-uri 'none'",
-            "form-action 'none'",
-            f"frame-ancestors {' '.join(ancestors)}",
-        ]
-    )
+def page_origin(request: HttpRequest) -> str:
+    """The origin this page was served from, as its browser will send it."""
+    return request.build_absolute_uri("/").rstrip("/")
+
+
+def page_token_context(request: HttpRequest) -> dict[str, Any]:
+    """What a page needs to open its WebSocket: a fresh token, where to renew it."""
+    return {
+        "token": page_tokens.issue(page_origin(request)),
+        "tokenUrl": reverse("abp-page-token"),
+        "tokenMaxAgeSeconds": page_tokens.max_age(),
+    }
 
 
 def manifest_data() -> dict[str, object]:
@@ -95,20 +64,36 @@ def manifest(request: HttpRequest) -> JsonResponse:
     return response
 
 
-def _page_context(**extra: Any) -> dict[str, Any]:
-    return {"app": app_info(), "websocket_path": WEBSOCKET_PATH, **extra}
+def _page_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {
+        "app": app_info(),
+        "websocket_path": WEBSOCKET_PATH,
+        "page_token": page_token_context(request),
+        **extra,
+    }
 
 
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
     """The app page: the manifest link and the `window.abp` runtime in its head."""
-    return render(request, "index.html", _page_context(specs=registry.all_specs()))
+    return render(request, "index.html", _page_context(request, specs=registry.all_specs()))
 
 
 @require_GET
 def demo(request: HttpRequest) -> HttpResponse:
     """A page for people: it embeds the bridge and runs jobs through it with client.js."""
-    return render(request, "abp/demo.html", _page_context())
+    return render(request, "abp/demo.html", _page_context(request))
+
+
+@require_GET
+@never_cache
+def page_token(request: HttpRequest) -> JsonResponse:
+    """`/abp/page-token/`: a fresh page token, for a page open longer than one lasts.
+
+    It grants nothing the pages do not: they are public and carry one too.
+    """
+    context = page_token_context(request)
+    return JsonResponse({"token": context["token"], "maxAgeSeconds": context["tokenMaxAgeSeconds"]})
 
 
 @require_GET
@@ -127,7 +112,14 @@ def embed(request: HttpRequest) -> HttpResponse:
         "maxFrameBytes": settings.ABP["MAX_FRAME_BYTES"],
         "protocolVersion": PROTOCOL_VERSION,
         "app": app_info(),
+        **page_token_context(request),
     }
-    response = render(request, "abp/embed.html", _page_context(config=config))
-    response["Content-Security-Policy"] = _embed_csp(origins)
+    response = render(request, "abp/embed.html", _page_context(request, config=config))
+    # The site-wide policy (settings.CONTENT_SECURITY_POLICY), framed by the allowed
+    # origins instead of nobody, and posting no forms: what django-csp's csp_replace
+    # decorator sets, computed per request.
+    response._csp_replace = {  # type: ignore[attr-defined]
+        "frame-ancestors": ["'self'", *origins],
+        "form-action": ["'none'"],
+    }
     return response

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -13,12 +14,21 @@ from websockets.sync.client import ClientConnection, connect
 
 Envelope = dict[str, Any]
 
+# Stands for "the suite's own key" (tests/support/environment.py creates it).
+DEFAULT_KEY = "<the suite's key>"
+
 
 class Agent:
     """Sends envelopes, keeps every message received, waits for the ones asked for."""
 
-    def __init__(self, url: str, **connect_kwargs: Any) -> None:
-        self.ws: ClientConnection = connect(url, max_size=None, legacy=True, **connect_kwargs)
+    def __init__(self, url: str, *, key: str | None = DEFAULT_KEY, **connect_kwargs: Any) -> None:
+        """Connect, with the suite's agent key unless `key` says otherwise (None: none)."""
+        if key is DEFAULT_KEY:
+            key = os.environ["ABP_TEST_AGENT_KEY"]
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.ws: ClientConnection = connect(
+            url, max_size=None, legacy=True, additional_headers=headers, **connect_kwargs
+        )
         self.inbox: list[Envelope] = []
         self._ids = itertools.count(1)
         self._session_id: str | None = None

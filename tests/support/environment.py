@@ -21,8 +21,17 @@ def prepare(prefix: str, **overrides: str) -> Stack:
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DJANGO_SECRET_KEY": "test-only-secret-key-not-for-production",
+            # Production settings, as shipped: every security default on.
+            "DJANGO_ENV": "production",
+            "DJANGO_SECRET_KEY": "test-only-secret-key-" + "x1y2z3" * 8,
             "DJANGO_DEBUG": "0",
+            # Browsers open the WebSocket from the test server's pages (any port: the
+            # stack picks a free one when it starts).
+            "ABP_ALLOWED_ORIGINS": "http://127.0.0.1:*",
+            # Generous: the suite's shared key makes thousands of calls; the limit
+            # tests use keys with limits of their own.
+            "ABP_MAX_CONCURRENT_CALLS": "1000",
+            "ABP_CALLS_PER_MINUTE": "1000000",
             "DATABASE_URL": f"sqlite:///{run_dir / 'db.sqlite3'}",
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
             "DJANGO_MEDIA_ROOT": str(run_dir / "media"),
@@ -43,4 +52,8 @@ def prepare(prefix: str, **overrides: str) -> Stack:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    from capabilities.agent_keys import create_key
+
+    # The key every test agent connects with unless it says otherwise.
+    _, os.environ["ABP_TEST_AGENT_KEY"] = create_key("the test suite")
     return Stack(run_dir, redis_port)

@@ -1,0 +1,50 @@
+"""Calls per minute per principal, counted in Redis (shared by every Daphne).
+
+The `limits` library's moving window: at most N calls in any 60 s, and the exact
+time until the oldest one leaves the window, which becomes `retryAfter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from django.conf import settings
+from limits import RateLimitItemPerMinute
+from limits.aio.storage import RedisStorage
+from limits.aio.strategies import MovingWindowRateLimiter
+
+logger = logging.getLogger(__name__)
+
+_limiters: dict[int, MovingWindowRateLimiter] = {}
+
+
+def _limiter() -> MovingWindowRateLimiter:
+    # redis.asyncio connections belong to the loop that made them: one per loop.
+    loop_id = id(asyncio.get_running_loop())
+    limiter = _limiters.get(loop_id)
+    if limiter is None:
+        url = settings.REDIS_URL.replace("redis://", "async+redis://", 1)
+        storage = RedisStorage(url, implementation="redispy", key_prefix="abp:rate")
+        limiter = _limiters[loop_id] = MovingWindowRateLimiter(storage)
+    return limiter
+
+
+async def retry_after_ms(identity: str, per_minute: int) -> int | None:
+    """Count one call; None if it is within the budget, else how long to wait (ms).
+
+    Redis trouble lets the call through: it would fail to queue anyway if Redis
+    is gone, with its own error, and a limiter must not turn a blip into refusals.
+    """
+    item = RateLimitItemPerMinute(per_minute)
+    try:
+        limiter = _limiter()
+        if await limiter.hit(item, identity):
+            return None
+        stats = await limiter.get_window_stats(item, identity)
+    except Exception:
+        logger.warning("Rate limiter unavailable; letting the call through", exc_info=True)
+        return None
+    return max(1, math.ceil((stats.reset_time - time.time()) * 1000))
