@@ -22,7 +22,7 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
     list_display = (
         "name",
         "shown_prefix",
-        "state",
+        "key_state",
         "created_at",
         "last_used_at",
         "max_concurrent_calls",
@@ -61,10 +61,9 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
         return f"abp_{key.prefix}_…" if key.prefix else "-"
 
     @admin.display(description="state")
-    def state(self, key: AgentKey) -> SafeString:
-        if key.is_revoked:
-            return format_html('<span style="color:#b02a37">revoked</span>')
-        return format_html('<span style="color:#146c43">active</span>')
+    def key_state(self, key: AgentKey) -> SafeString:
+        colour, label = ("#b02a37", "revoked") if key.is_revoked else ("#146c43", "active")
+        return format_html('<span style="color:{}">{}</span>', colour, label)
 
     @admin.display(description="sessions")
     def session_count(self, key: AgentKey) -> int:
@@ -86,9 +85,7 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
             "plaintext": obj._plaintext,  # type: ignore[attr-defined]
             "opts": self.opts,
         }
-        response = TemplateResponse(request, "admin/capabilities/agentkey/created.html", context)
-        response["Cache-Control"] = "no-store"
-        return response
+        return TemplateResponse(request, "admin/capabilities/agentkey/created.html", context)
 
     @admin.action(description="Revoke selected keys (closes their connections)")
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[AgentKey]) -> None:

@@ -128,6 +128,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             capability_names=_capability_names,
             app=app_info(),
             max_concurrent_calls=principal.max_concurrent_calls,
+            max_timeout_ms=settings.ABP["MAX_TIMEOUT_MS"],
         )
         await self.accept(subprotocol=subprotocol)
 

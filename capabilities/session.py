@@ -113,6 +113,7 @@ class Session:
         app: dict[str, Any],
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         max_concurrent_calls: int | None = None,
+        max_timeout_ms: int | None = None,
     ) -> None:
         self.state = SessionState.NEW
         self.session_id: str | None = None
@@ -122,6 +123,7 @@ class Session:
         self._new_id = new_id
         self._calls: dict[str, InFlight] = {}
         self._max_calls = max_concurrent_calls
+        self._max_timeout_ms = max_timeout_ms
 
     # -- messages in -------------------------------------------------------------
 
@@ -208,6 +210,14 @@ class Session:
                 code=ErrorCode.UNKNOWN_CAPABILITY,
                 message=f"No capability named {message.capability[:100]!r}.",
                 details={"capability": message.capability[:100]},
+            )
+            return [Send(text=replies.call_error(message.id, call_id, error))]
+        timeout_ms = message.options.timeout_ms
+        if self._max_timeout_ms is not None and (timeout_ms or 0) > self._max_timeout_ms:
+            error = WireError(
+                code=ErrorCode.INVALID_PARAMS,
+                message=f"options.timeout may be at most {self._max_timeout_ms} ms.",
+                details={"path": "payload.options.timeout", "max": self._max_timeout_ms},
             )
             return [Send(text=replies.call_error(message.id, call_id, error))]
         if self._max_calls is not None and len(self._calls) >= self._max_calls:

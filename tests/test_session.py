@@ -616,3 +616,46 @@ SessionTable.TestCase.settings = settings(
     max_examples=150, stateful_step_count=25, deadline=None, database=None
 )
 TestSessionTable = SessionTable.TestCase
+
+
+# -- limits and revocation -----------------------------------------------------------------
+
+
+def limited_session(**limits: int) -> Session:
+    session = Session(
+        capability_names=lambda: list(NAMES), app=dict(APP), new_id=counter(), **limits
+    )
+    session.receive(Initialize(id="init", features=Features()))
+    return session
+
+
+def test_calls_beyond_the_concurrency_limit_are_rate_limited() -> None:
+    session = limited_session(max_concurrent_calls=2)
+    for n in (1, 2):
+        [start] = session.receive(call(f"c{n}", message_id=f"r{n}"))
+        assert isinstance(start, StartCall)
+        session.call_started(
+            call_id=f"c{n}", request_id=f"r{n}", job_id=f"j{n}", progress_token=None
+        )
+    error = sent(session.receive(call("c3", message_id="r3")))["payload"]["error"]
+    assert error["code"] == "RATE_LIMITED"
+    assert error["retryable"] is True
+    assert error["details"] == {"limit": "concurrentCalls", "max": 2}
+    session.finish("c1")
+    assert isinstance(session.receive(call("c3", message_id="r4"))[0], StartCall)
+
+
+def test_a_timeout_over_the_maximum_is_invalid_params() -> None:
+    session = limited_session(max_timeout_ms=1000)
+    assert isinstance(session.receive(call("ok", timeout_ms=1000))[0], StartCall)
+    error = sent(session.receive(call("long", timeout_ms=1001)))["payload"]["error"]
+    assert error["code"] == "INVALID_PARAMS"
+    assert error["details"] == {"path": "payload.options.timeout", "max": 1000}
+
+
+def test_revoking_an_open_session_ends_its_calls_as_an_operator() -> None:
+    session = open_session()
+    assert session.revoked() == [EndCalls(reason="agent key revoked", source="operator")]
+    assert session.state is SessionState.CLOSED
+    assert session.revoked() == []
+    assert new_session().revoked() == []
