@@ -25,7 +25,9 @@ class Agent:
         """Connect, with the suite's agent key unless `key` says otherwise (None: none)."""
         if key is DEFAULT_KEY:
             key = os.environ["ABP_TEST_AGENT_KEY"]
-        headers = {"Authorization": f"Bearer {key}"} if key else None
+        headers = dict(connect_kwargs.pop("additional_headers", None) or {})
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         self.ws: ClientConnection = connect(
             url, max_size=None, legacy=True, additional_headers=headers, **connect_kwargs
         )
