@@ -19,22 +19,36 @@
  * - The socket is opened on the first envelope and kept while the session lives;
  *   when it closes, every request still waiting is answered (DISCONNECTED) and the
  *   parent is told (CLOSED). The next envelope opens a new socket.
+ * - The socket carries the page token the server rendered into the config (as its
+ *   subprotocol); a token older than half its max age is first replaced by a fresh
+ *   one from the token URL. A socket the app refuses as `expired-credentials` before
+ *   it said anything is opened once more with a fresh token and the same frames (the
+ *   app read none of them). Any other refusal (close code 4401, or 4403 for a key
+ *   revoked) answers the requests still waiting with PERMISSION_DENIED.
  * @module abp/bridge
  */
 
+import { PageToken } from "./client.js";
 import {
   BridgeMessageType,
   ErrorCode,
   MessageType,
   REPLY_TYPES,
+  bearerSubprotocols,
   decodeBinaryOutputs,
   encodeBinaryInputs,
   envelope,
   errorReply,
+  isExpiredRefusal,
   isRecord,
   newId,
+  refusalError,
+  refusalNotice,
   wireError,
 } from "./wire.js";
+
+// The page, and with it its token, came no later than this.
+const loadedAt = Date.now();
 
 /** @typedef {import("./wire.js").Envelope} Envelope */
 /** @typedef {import("./wire.js").WireError} WireError */
@@ -46,6 +60,9 @@ import {
  * @property {number} maxFrameBytes The server's frame limit.
  * @property {string} protocolVersion
  * @property {Record<string, string>} app
+ * @property {string} [token] A page token for this page's origin.
+ * @property {string} [tokenUrl] Where a fresh page token comes from (same origin).
+ * @property {number} [tokenMaxAgeSeconds] How long a page token lasts.
  */
 
 /**
@@ -105,8 +122,24 @@ export class Bridge {
   #origin = null;
   /** @type {WebSocket | null} */
   #socket = null;
+  /** A page token is being fetched; the socket opens when it comes. */
+  #starting = false;
+  /** Bumped when the parent leaves: a socket still waiting for its token never opens. */
+  #generation = 0;
+  /** @type {PageToken} */
+  #token;
   /** Frames waiting for the socket to open. @type {string[]} */
   #queue = [];
+  /** Frames sent on the socket before the app said anything on it. @type {string[] | null} */
+  #unheard = null;
+  /** The socket is the one retry with a fresh token. */
+  #retrying = false;
+  /**
+   * The app's refusal notice, held until the socket closes: passed on then, or dropped
+   * when a retry with a fresh token follows.
+   * @type {Record<string, any> | null}
+   */
+  #refusal = null;
   /** Relayed requests waiting for their reply, by envelope id. @type {Map<string, Relayed>} */
   #relayed = new Map();
   // Messages are handled in order in each direction, though some steps are async
@@ -118,6 +151,12 @@ export class Bridge {
   constructor(config, parent = window.parent) {
     this.#config = config;
     this.#parent = parent;
+    this.#token = new PageToken({
+      token: config.token,
+      url: config.tokenUrl,
+      maxAgeSeconds: config.tokenMaxAgeSeconds,
+      issuedAt: loadedAt,
+    });
   }
 
   start() {
@@ -254,21 +293,62 @@ export class Bridge {
 
   /** @param {string} text */
   #relay(text) {
-    if (this.#socket === null) this.#open();
-    const socket = /** @type {WebSocket} */ (this.#socket);
-    if (socket.readyState === WebSocket.OPEN) socket.send(text);
-    else this.#queue.push(text);
+    const socket = this.#socket;
+    if (socket !== null && socket.readyState === WebSocket.OPEN) {
+      this.#send(socket, text);
+      return;
+    }
+    this.#queue.push(text);
+    if (socket === null && !this.#starting) void this.#connect();
   }
 
-  #open() {
+  /** @param {WebSocket} socket @param {string} text */
+  #send(socket, text) {
+    socket.send(text);
+    this.#unheard?.push(text);
+  }
+
+  /**
+   * Get a page token, then open the socket. `refused` is the close that asked for a
+   * fresh token: when none comes, the requests waiting are answered with its refusal.
+   * @param {{code: number, reason: string, notice: Record<string, any> | null}} [refused]
+   */
+  async #connect(refused) {
+    const generation = this.#generation;
+    this.#starting = true;
+    /** @type {string | undefined} */
+    let token;
+    try {
+      token = refused === undefined ? await this.#token.get() : await this.#token.refresh();
+    } catch (error) {
+      console.warn("ABP bridge: could not refresh the expired page token.", error);
+    }
+    if (generation !== this.#generation) return; // the parent left meanwhile
+    this.#starting = false;
+    if (refused !== undefined && token === undefined) {
+      this.#settle(refused.code, refused.reason, refused.notice);
+      return;
+    }
+    try {
+      this.#open(token);
+    } catch (error) {
+      console.error("ABP bridge: could not open the app's WebSocket", error);
+      this.#settle(1006, String(error));
+    }
+  }
+
+  /** @param {string | undefined} token */
+  #open(token) {
     const url = new URL(this.#config.endpoint, location.href);
     url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-    const socket = new WebSocket(url);
+    const socket = new WebSocket(url, token ? bearerSubprotocols(token) : undefined);
     this.#socket = socket;
-    this.#queue = [];
+    this.#unheard = [];
+    this.#refusal = null;
     socket.addEventListener("open", () => {
-      for (const text of this.#queue) socket.send(text);
+      const queued = this.#queue;
       this.#queue = [];
+      for (const text of queued) this.#send(socket, text);
     });
     socket.addEventListener("message", (event) => {
       if (typeof event.data !== "string") return;
@@ -277,6 +357,13 @@ export class Bridge {
         message = JSON.parse(event.data);
       } catch {
         return;
+      }
+      if (socket === this.#socket) {
+        if (refusalNotice(message) !== null) {
+          this.#refusal = message; // the close follows
+          return;
+        }
+        this.#unheard = null; // the app read what came before: never replay it
       }
       this.#outbound = this.#outbound
         .then(() => this.#deliver(message))
@@ -335,13 +422,41 @@ export class Bridge {
   #closed(socket, code, reason) {
     if (socket !== this.#socket) return;
     this.#socket = null;
+    const unread = this.#unheard;
+    this.#unheard = null;
+    const retried = this.#retrying;
+    this.#retrying = false;
+    const notice = this.#refusal;
+    this.#refusal = null;
+    const refused = refusalError(code, reason, refusalNotice(notice));
+    if (isExpiredRefusal(refused) && unread !== null && !retried) {
+      // Refused before it read a frame: the same frames, once, on a socket with a fresh token.
+      this.#retrying = true;
+      this.#queue = [...unread, ...this.#queue];
+      void this.#connect({ code, reason, notice });
+      return;
+    }
+    this.#settle(code, reason, notice);
+  }
+
+  /**
+   * The socket is gone: answer every request still waiting (PERMISSION_DENIED when the
+   * app refused the credential, else DISCONNECTED), then tell the parent.
+   * @param {number} code @param {string} reason
+   * @param {Record<string, any> | null} [notice] The app's refusal notice, passed on first.
+   */
+  #settle(code, reason, notice = null) {
     this.#queue = [];
+    this.#retrying = false;
     const waiting = [...this.#relayed.entries()];
     this.#relayed.clear();
+    const refused = refusalError(code, reason, refusalNotice(notice));
     this.#outbound = this.#outbound.then(() => {
-      const error = wireError(ErrorCode.DISCONNECTED, `The app's connection closed (${code}) before the reply.`);
+      if (notice !== null) this.#toParent(notice);
+      const error =
+        refused ?? wireError(ErrorCode.DISCONNECTED, `The app's connection closed (${code}) before the reply.`);
       for (const [id, relayed] of waiting) this.#toParent(errorReply(relayed.type, id, error, relayed.callId));
-      this.#toParent(envelope(BridgeMessageType.CLOSED, { code, reason }));
+      this.#toParent(envelope(BridgeMessageType.CLOSED, { code, reason: refused?.details?.reason ?? reason }));
     });
   }
 
@@ -353,7 +468,15 @@ export class Bridge {
    */
   #leave(reason) {
     const socket = this.#socket;
-    if (socket === null) return;
+    if (socket === null) {
+      if (this.#starting) {
+        // Nothing was sent yet: drop what waits for the token.
+        this.#generation += 1;
+        this.#starting = false;
+        this.#settle(1000, reason);
+      }
+      return;
+    }
     /** @type {string[]} */
     const frames = [];
     for (const relayed of this.#relayed.values()) {

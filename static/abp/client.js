@@ -5,8 +5,8 @@
  *   import { connect } from "https://jobs.example.com/static/abp/client.js";
  *   // over the iframe bridge (a page embedding https://jobs.example.com/abp/embed/):
  *   const client = await connect({ window: iframe.contentWindow, origin: "https://jobs.example.com" });
- *   // or straight over the WebSocket:
- *   const client = await connect({ url: "wss://jobs.example.com/abp/ws" });
+ *   // or straight over the WebSocket, with a credential (see connect()):
+ *   const client = await connect({ url: "wss://jobs.example.com/abp/ws", token: process.env.ABP_KEY });
  *   await client.initialize({ agent: { name: "me", version: "1" } });
  *   const controller = new AbortController();
  *   const result = await client.call("export.pdf", { html }, { signal: controller.signal });
@@ -16,7 +16,9 @@
  * signal (or `timeout`) sends `capabilities/cancel` and the call resolves with the
  * server's cancelled result; a signal aborted before the call sends nothing and the
  * call resolves at once with a cancelled response. A transport that closes settles
- * every pending call with error DISCONNECTED (retryable).
+ * every pending call with error DISCONNECTED (retryable), or PERMISSION_DENIED (not
+ * retryable) when the app refused the connection's credential (close code 4401, 4403,
+ * or the one its refusal notice names).
  * @module abp/client
  */
 
@@ -28,6 +30,7 @@ import {
   PROTOCOL_VERSION,
   REPLY_TYPES,
   abortReason,
+  bearerSubprotocols,
   cancelledResponse,
   decodeBinaryOutputs,
   encodeBinaryInputs,
@@ -35,10 +38,21 @@ import {
   failedResponse,
   isRecord,
   newId,
+  refusalError,
+  refusalNotice,
   wireError,
 } from "./wire.js";
 
-export { ABPError, ErrorCode, MessageType, PROTOCOL_VERSION, newId } from "./wire.js";
+export {
+  ABPError,
+  CloseCode,
+  ErrorCode,
+  MessageType,
+  PROTOCOL_VERSION,
+  Refusal,
+  isExpiredRefusal,
+  newId,
+} from "./wire.js";
 
 /** @typedef {import("./wire.js").Envelope} Envelope */
 /** @typedef {import("./wire.js").WireError} WireError */
@@ -63,9 +77,10 @@ export { ABPError, ErrorCode, MessageType, PROTOCOL_VERSION, newId } from "./wir
  */
 
 /**
- * @typedef {{url: string} | {window: Window, origin: string, timeout?: number}} ConnectTarget
- *   A WebSocket URL (`ws:`/`wss:`), or the window of an iframe showing /abp/embed/
- *   and that iframe's origin (never "*": replies are accepted from that origin only).
+ * @typedef {{url: string, token?: string} | {window: Window, origin: string, timeout?: number}} ConnectTarget
+ *   A WebSocket URL (`ws:`/`wss:`) and the credential to open it with, or the window
+ *   of an iframe showing /abp/embed/ and that iframe's origin (never "*": replies are
+ *   accepted from that origin only; the bridge brings its own credential).
  */
 
 /** @typedef {{code?: number, reason?: string}} CloseInfo */
@@ -95,13 +110,21 @@ const noop = () => {};
 
 /** The WebSocket: one envelope per text frame. */
 class WebSocketTransport {
-  /** @param {string} url */
-  constructor(url) {
+  /** @param {string} url @param {string} [token] An agent key or a page token. */
+  constructor(url, token) {
     /** @type {"websocket"} */
     this.kind = "websocket";
     this.url = url;
+    /** @type {string[] | undefined} */
+    this.protocols = token ? bearerSubprotocols(token) : undefined;
     /** @type {WebSocket | null} */
     this.socket = null;
+    /** @type {() => void} */
+    this.markEnded = noop;
+    /** Resolves once the close event has been handled. @type {Promise<void>} */
+    this.ended = new Promise((resolve) => {
+      this.markEnded = resolve;
+    });
     /** @type {(message: unknown) => void} */
     this.onmessage = noop;
     /** @type {(info: CloseInfo) => void} */
@@ -114,7 +137,7 @@ class WebSocketTransport {
   /** @returns {Promise<void>} */
   open() {
     return new Promise((resolve, reject) => {
-      const socket = new WebSocket(this.url);
+      const socket = new WebSocket(this.url, this.protocols);
       this.socket = socket;
       let opened = false;
       socket.addEventListener(
@@ -139,9 +162,14 @@ class WebSocketTransport {
         "close",
         (event) => {
           if (!opened) {
-            reject(new ABPError(wireError(ErrorCode.TRANSPORT_ERROR, `Could not connect to ${this.url}.`)));
+            const refused = refusalError(event.code, event.reason);
+            reject(new ABPError(refused ?? wireError(ErrorCode.TRANSPORT_ERROR, `Could not connect to ${this.url}.`)));
           }
-          this.onclose({ code: event.code, reason: event.reason });
+          try {
+            this.onclose({ code: event.code, reason: event.reason });
+          } finally {
+            this.markEnded();
+          }
         },
         { once: true },
       );
@@ -152,6 +180,9 @@ class WebSocketTransport {
   send(message) {
     const sent = this.queue.then(async () => {
       const socket = this.socket;
+      // Closing under us (the app may be refusing the credential): the close, with its
+      // code, settles the request, not this send.
+      if (socket !== null && socket.readyState >= WebSocket.CLOSING) await this.ended;
       if (socket === null || socket.readyState !== WebSocket.OPEN) {
         throw new ABPError(wireError(ErrorCode.DISCONNECTED, "The connection is closed."));
       }
@@ -294,6 +325,14 @@ export class ABPClient {
   /** Envelope id of each pending call, by progress token. @type {Map<string, string>} */
   #tokens = new Map();
   #closed = false;
+  /**
+   * What a request made after the close gets: DISCONNECTED, or PERMISSION_DENIED when
+   * the app refused the credential.
+   * @type {WireError}
+   */
+  #closeError = wireError(ErrorCode.DISCONNECTED, "The connection is closed.");
+  /** Why the app is about to close the connection, when it said so. @type {WireError | null} */
+  #refusal = null;
   /** @type {{progress: Set<Function>, notification: Set<Function>, envelope: Set<Function>, close: Set<Function>}} */
   #handlers = { progress: new Set(), notification: new Set(), envelope: new Set(), close: new Set() };
 
@@ -312,17 +351,22 @@ export class ABPClient {
     this.session = null;
   }
 
-  /** Whether the transport has closed; calls then resolve at once with DISCONNECTED. */
+  /**
+   * Whether the transport has closed; calls then resolve at once with DISCONNECTED (or
+   * PERMISSION_DENIED, when the app refused the credential).
+   */
   get closed() {
     return this.#closed;
   }
 
   /**
-   * Start the session. Rejects with an ABPError when the app refuses.
+   * Start the session. Rejects with an ABPError when the app refuses: PERMISSION_DENIED
+   * when it refused the connection's credential.
    * @param {InitializeParams} [params]
    * @returns {Promise<InitializeResult>}
    */
   initialize(params = {}) {
+    if (this.#closed) return Promise.reject(new ABPError(this.#closeError));
     const payload = {
       agent: { name: "abp-client.js", version: PROTOCOL_VERSION },
       protocolVersion: PROTOCOL_VERSION,
@@ -362,9 +406,7 @@ export class ABPClient {
     if (signal?.aborted) {
       return Promise.resolve(cancelledResponse(callId, abortReason(signal)));
     }
-    if (this.#closed) {
-      return Promise.resolve(failedResponse(callId, wireError(ErrorCode.DISCONNECTED, "The connection is closed.")));
-    }
+    if (this.#closed) return Promise.resolve(failedResponse(callId, this.#closeError));
     if (this.#calls.has(callId)) {
       const error = wireError(ErrorCode.INVALID_PARAMS, `callId ${JSON.stringify(callId)} is already running.`, {
         path: "payload.options.callId",
@@ -433,11 +475,7 @@ export class ABPClient {
     if (isRecord(callId)) ({ callId, reason } = /** @type {{callId: string, reason?: string}} */ (callId));
     const target = String(callId);
     if (this.#closed) {
-      return Promise.resolve({
-        callId: target,
-        cancelled: false,
-        error: wireError(ErrorCode.DISCONNECTED, "The connection is closed."),
-      });
+      return Promise.resolve({ callId: target, cancelled: false, error: this.#closeError });
     }
     return new Promise((resolve) => {
       const id = newId();
@@ -591,6 +629,7 @@ export class ABPClient {
     if (message.type === MessageType.NOTIFICATION) {
       // A request the app could not read is answered by notifications/error naming it.
       const data = isRecord(payload.data) ? payload.data : {};
+      this.#refusal = refusalNotice(message) ?? this.#refusal;
       if (payload.event === "notifications/error" && typeof data.requestId === "string") {
         const { requestId, requestType, ...error } = data;
         this.#take(requestId)?.fail(/** @type {WireError} */ (error));
@@ -608,10 +647,11 @@ export class ABPClient {
   #transportClosed(info, cancelReason) {
     if (this.#closed) return;
     this.#closed = true;
-    const error = wireError(
-      ErrorCode.DISCONNECTED,
-      `The connection closed${info.code ? ` (${info.code})` : ""} before the reply.`,
-    );
+    const refused = refusalError(info.code, info.reason, this.#refusal);
+    if (refused !== null) this.#closeError = refused;
+    const error =
+      refused ??
+      wireError(ErrorCode.DISCONNECTED, `The connection closed${info.code ? ` (${info.code})` : ""} before the reply.`);
     for (const id of [...this.#pending.keys()]) {
       const pending = this.#take(id);
       if (pending === undefined) continue;
@@ -626,14 +666,136 @@ export class ABPClient {
   }
 }
 
+/** How long a page token lasts when the page does not say (the app's default). */
+export const PAGE_TOKEN_MAX_AGE_S = 600;
+
+/**
+ * The credential of one of the app's own pages (`window.abp`, the embed bridge): the
+ * signed page token the server rendered into the page, good for connections from the
+ * page's origin for `maxAgeSeconds`. A page can stay open longer than that, so `get()`
+ * gives the rendered token while it is younger than half its max age, and after that a
+ * fresh one from the app's token URL (a same-origin fetch, never cached).
+ */
+export class PageToken {
+  /** @type {string | undefined} */
+  #token;
+  /** @type {string | undefined} */
+  #url;
+  #maxAgeMs = PAGE_TOKEN_MAX_AGE_S * 1000;
+  /** About when the token was signed (Unix ms). */
+  #issuedAt;
+  /** @type {Promise<string> | null} */
+  #refreshing = null;
+
+  /**
+   * @param {object} options
+   * @param {string} [options.token] The token rendered into the page.
+   * @param {string} [options.url] Where a fresh one comes from (GET, same origin).
+   * @param {number | string} [options.maxAgeSeconds] How long a token lasts.
+   * @param {number} [options.issuedAt] Unix ms when the page got its token; the load
+   *   time of the script that read it will do (the page came a little earlier).
+   */
+  constructor({ token, url, maxAgeSeconds, issuedAt = Date.now() }) {
+    this.#token = token || undefined;
+    this.#url = url || undefined;
+    this.#issuedAt = issuedAt;
+    this.#setMaxAge(maxAgeSeconds);
+  }
+
+  /** @param {unknown} seconds */
+  #setMaxAge(seconds) {
+    const value = Number(seconds);
+    if (seconds !== undefined && seconds !== "" && Number.isFinite(value) && value > 0) this.#maxAgeMs = value * 1000;
+  }
+
+  /**
+   * The token to connect with now: the one in hand while it is younger than half its
+   * max age, else a fresh one. When none can be had, the one in hand (the app says
+   * whether it still lets it in); undefined when the page has none at all (an app
+   * that allows anonymous access renders none).
+   * @returns {Promise<string | undefined>}
+   */
+  async get() {
+    if (this.#token !== undefined && Date.now() - this.#issuedAt < this.#maxAgeMs / 2) return this.#token;
+    if (this.#url === undefined) return this.#token;
+    try {
+      return await this.refresh();
+    } catch (error) {
+      console.warn("ABP: could not refresh the page token; trying the one the page has.", error);
+      return this.#token;
+    }
+  }
+
+  /**
+   * A fresh token from the token URL (one request at a time).
+   * @returns {Promise<string>} Rejects (ABPError, TRANSPORT_ERROR) when there is none.
+   */
+  refresh() {
+    if (this.#refreshing === null) {
+      this.#refreshing = this.#fetch().finally(() => {
+        this.#refreshing = null;
+      });
+    }
+    return this.#refreshing;
+  }
+
+  async #fetch() {
+    const url = this.#url;
+    if (url === undefined) {
+      throw new ABPError(wireError(ErrorCode.TRANSPORT_ERROR, "This page names no URL for fresh page tokens."));
+    }
+    const asked = Date.now();
+    /** @type {unknown} */
+    let body;
+    try {
+      const response = await fetch(url, {
+        cache: "no-store",
+        credentials: "same-origin",
+        mode: "same-origin",
+        headers: { Accept: "application/json" },
+      });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      body = await response.json();
+    } catch (error) {
+      throw new ABPError(wireError(ErrorCode.TRANSPORT_ERROR, `Could not get a page token from ${url}: ${error}`));
+    }
+    if (!isRecord(body) || typeof body.token !== "string" || body.token === "") {
+      throw new ABPError(wireError(ErrorCode.TRANSPORT_ERROR, `${url} answered without a token.`));
+    }
+    this.#token = body.token;
+    this.#issuedAt = asked; // signed after we asked: its age counts from then, to be safe
+    this.#setMaxAge(body.maxAgeSeconds);
+    return body.token;
+  }
+}
+
 /**
  * Connect to an ABP app over a WebSocket or through an iframe's bridge.
+ *
+ * Over a WebSocket the app wants a credential (unless it allows anonymous access):
+ * `token` is an agent key (`abp_...`, from the app's admin) or a page token (what the
+ * app's own pages render; see PageToken). It is sent as the WebSocket subprotocol
+ * `abp.bearer.<token>`, beside `abp`, which is how a browser can send one. An agent
+ * running in Node 22 (whose global WebSocket is the standard one):
+ *
+ *   import { connect } from "./client.js";
+ *   const client = await connect({ url: "wss://jobs.example.com/abp/ws", token: process.env.ABP_KEY });
+ *
+ * Never ship an agent key in a public page: anyone who can read the page can use the
+ * key. Pages on another site embed /abp/embed/ instead (`{window, origin}`), whose
+ * bridge connects with a page token of its own.
+ *
+ * The app accepts the connection before it checks the credential. A refused one gets a
+ * `notifications/error` naming the reason, then is closed (4401; 4403 when a key is
+ * revoked later), and every request on it fails with PERMISSION_DENIED naming the
+ * reason ("The app refused the connection: invalid-credentials.", `error.details.reason`
+ * one of `Refusal`), so `initialize()` rejects with it.
  * @param {ConnectTarget} target
  * @returns {Promise<ABPClient>} Rejects (ABPError, TRANSPORT_ERROR) if it cannot connect.
  */
 export async function connect(target) {
   if ("url" in target) {
-    const transport = new WebSocketTransport(target.url);
+    const transport = new WebSocketTransport(target.url, target.token);
     await transport.open();
     return new ABPClient(transport);
   }

@@ -8,7 +8,15 @@
  * app's WebSocket (same host, ws: or wss: by the page's scheme), imported when the
  * agent calls initialize(). Configuration comes from this script tag's data-*
  * attributes: data-endpoint (the WebSocket path), data-manifest, data-app-id,
- * data-app-name, data-app-version.
+ * data-app-name, data-app-version, and the page's credential: data-token (a signed
+ * page token, good for this page's origin), data-token-max-age (its lifetime in
+ * seconds) and data-token-url (where a fresh one comes from).
+ *
+ * The socket is opened with the page token as its subprotocol. A token older than
+ * half its max age (counted from this script's load) is replaced by a fresh one
+ * first, so a page left open for hours still connects; a connection refused as
+ * `expired-credentials` before initialize was answered is tried once more with a
+ * fresh token. Any other refusal rejects initialize() with PERMISSION_DENIED.
  *
  *   await abp.initialize({agent: {name, version}, protocolVersion: "0.1",
  *                         features: {notifications: true, progress: true}});
@@ -18,7 +26,8 @@
  * Progress and notifications go to window.__abp_progress / window.__abp_notification
  * when the agent exposed them (exposeFunction), and to abp.onProgress(fn) /
  * abp.onNotification(fn). Every promise settles: a call always resolves with an
- * ABPResponse (a dropped socket gives DISCONNECTED, retryable). The runtime opens no
+ * ABPResponse (a dropped socket gives DISCONNECTED, retryable; a connection the app
+ * refused or cut off for its credential, PERMISSION_DENIED). The runtime opens no
  * dialog, window or download.
  */
 (function () {
@@ -26,6 +35,8 @@
   if ("abp" in window) return; // loaded twice: the first one stays
 
   const PROTOCOL_VERSION = "0.1";
+  // The page, and with it its token, came no later than this.
+  const loadedAt = Date.now();
   const script = /** @type {HTMLScriptElement | null} */ (document.currentScript);
   const data = script ? script.dataset : {};
   const clientUrl = new URL("client.js", script ? script.src : location.href).href;
@@ -51,6 +62,8 @@
 
   /** @type {any} client.js, once imported. */
   let clientModule = null;
+  /** @type {any} The page's PageToken (client.js). */
+  let pageToken = null;
   /** @type {any} The ABPClient of the open session. */
   let client = null;
   /** @type {Promise<any> | null} */
@@ -123,6 +136,54 @@
     session = null;
   }
 
+  /**
+   * Connect with the page token and initialize; once more with a fresh token if the
+   * app found the token expired (a page restored from a cache, a sleeping laptop).
+   * @param {any} params
+   */
+  async function open(params) {
+    clientModule = clientModule || (await import(clientUrl));
+    pageToken =
+      pageToken ||
+      new clientModule.PageToken({
+        token: data.token,
+        url: data.tokenUrl,
+        maxAgeSeconds: data.tokenMaxAge,
+        issuedAt: loadedAt,
+      });
+    let token = await pageToken.get();
+    for (let retried = false; ; retried = true) {
+      /** @type {any} */
+      let connected = null;
+      try {
+        connected = await clientModule.connect({ url: endpoint(), token });
+        watch(connected);
+        const result = await connected.initialize({ protocolVersion: PROTOCOL_VERSION, ...params });
+        return { connected, result };
+      } catch (err) {
+        if (connected !== null) connected.close();
+        if (retried || !clientModule.isExpiredRefusal(err) || !data.tokenUrl) throw err;
+        try {
+          token = await pageToken.refresh();
+        } catch (refreshError) {
+          console.warn("ABP runtime: could not refresh the expired page token.", refreshError);
+          throw err;
+        }
+      }
+    }
+  }
+
+  /** Route a connection's progress and notifications to the agent. @param {any} connected */
+  function watch(connected) {
+    connected.onProgress((/** @type {unknown} */ payload) => dispatch("__abp_progress", progressHandlers, payload));
+    connected.onNotification((/** @type {unknown} */ payload) =>
+      dispatch("__abp_notification", notificationHandlers, payload),
+    );
+    connected.onClose(() => {
+      if (client === connected) forget();
+    });
+  }
+
   const abp = {
     protocolVersion: PROTOCOL_VERSION,
     get app() {
@@ -137,7 +198,7 @@
 
     /**
      * Open the session. Rejects (an Error with `code`) if one is open already or the
-     * app refuses.
+     * app refuses: PERMISSION_DENIED when it refused the page's credential.
      * @param {any} [params]
      */
     async initialize(params = {}) {
@@ -148,26 +209,12 @@
         });
       }
       opening = (async () => {
-        clientModule = clientModule || (await import(clientUrl));
-        const connected = await clientModule.connect({ url: endpoint() });
-        connected.onProgress((/** @type {unknown} */ payload) => dispatch("__abp_progress", progressHandlers, payload));
-        connected.onNotification((/** @type {unknown} */ payload) =>
-          dispatch("__abp_notification", notificationHandlers, payload),
-        );
-        connected.onClose(() => {
-          if (client === connected) forget();
-        });
-        try {
-          const result = await connected.initialize({ protocolVersion: PROTOCOL_VERSION, ...params });
-          client = connected;
-          session = result;
-          wantsProgress = Boolean(result.features && result.features.progress);
-          if (result.app) app = result.app;
-          return result;
-        } catch (err) {
-          connected.close();
-          throw err;
-        }
+        const { connected, result } = await open(params);
+        client = connected;
+        session = result;
+        wantsProgress = Boolean(result.features && result.features.progress);
+        if (result.app) app = result.app;
+        return result;
       })();
       try {
         return await opening;

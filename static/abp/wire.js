@@ -72,6 +72,32 @@ export const ErrorCode = Object.freeze({
   UNKNOWN_MESSAGE_TYPE: "UNKNOWN_MESSAGE_TYPE",
 });
 
+/**
+ * WebSocket close codes the app refuses a connection with. It accepts the upgrade,
+ * says why in a `notifications/error` (PERMISSION_DENIED, `details: {reason,
+ * closeCode}`; some servers, Daphne among them, send no close reason) and closes.
+ */
+export const CloseCode = Object.freeze({
+  /** No credential, or one that is forged, expired or revoked: nothing was read. */
+  UNAUTHORIZED: 4401,
+  /** The connection's agent key was revoked while it was open. */
+  FORBIDDEN: 4403,
+});
+
+/** Why a connection was refused (the close reason, or the notice's `details.reason`). */
+export const Refusal = Object.freeze({
+  MISSING_CREDENTIALS: "missing-credentials",
+  INVALID_CREDENTIALS: "invalid-credentials",
+  /** A page token past its max age: a fresh one from the token URL gets in. */
+  EXPIRED_CREDENTIALS: "expired-credentials",
+  KEY_REVOKED: "key-revoked",
+});
+
+/** The WebSocket subprotocol every credential-carrying connection asks for. */
+export const SUBPROTOCOL = "abp";
+/** A credential travels as the subprotocol `abp.bearer.<credential>`. */
+export const BEARER_SUBPROTOCOL_PREFIX = "abp.bearer.";
+
 const RETRYABLE = new Set([
   ErrorCode.RATE_LIMITED,
   ErrorCode.INTERNAL_ERROR,
@@ -266,6 +292,67 @@ export function errorReply(requestType, requestId, error, callId) {
     return envelope(replyType, { callId, cancelled: false, error }, requestId);
   }
   return envelope(replyType, { error }, requestId);
+}
+
+/**
+ * The subprotocols that carry a credential (an agent key or a page token): browsers
+ * cannot set headers on a WebSocket, so it goes as `abp.bearer.<credential>`, offered
+ * beside `abp`, which the app selects. A credential that is not a valid subprotocol
+ * name (an RFC 7230 token) cannot be sent this way: TypeError.
+ * @param {string} credential
+ * @returns {string[]}
+ */
+export function bearerSubprotocols(credential) {
+  if (!/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(credential)) {
+    throw new TypeError(
+      "This credential cannot be sent as a WebSocket subprotocol: only letters, digits and !#$%&'*+-.^_`|~ can.",
+    );
+  }
+  return [SUBPROTOCOL, BEARER_SUBPROTOCOL_PREFIX + credential];
+}
+
+/**
+ * The `error` of a refusal notice: the `notifications/error` (PERMISSION_DENIED, with
+ * `details.reason`, answering no request) the app sends before it closes a connection
+ * for its credential. Null for any other message.
+ * @param {unknown} message
+ * @returns {WireError | null}
+ */
+export function refusalNotice(message) {
+  if (!isRecord(message) || message.type !== MessageType.NOTIFICATION || !isRecord(message.payload)) return null;
+  const { event, data } = message.payload;
+  if (event !== "notifications/error" || !isRecord(data) || data.code !== ErrorCode.PERMISSION_DENIED) return null;
+  if (data.requestId !== undefined || !isRecord(data.details) || typeof data.details.reason !== "string") return null;
+  return /** @type {WireError} */ (data);
+}
+
+/**
+ * The error of a connection the app refused or cut off for its credential: closed with
+ * 4401 or 4403, or with the close code its refusal notice announced. PERMISSION_DENIED,
+ * not retryable, naming the reason (the close's, else the notice's); `details` keep
+ * the close code and the reason. Null for any other close.
+ * @param {number | undefined} code
+ * @param {string | undefined} reason
+ * @param {WireError | null} [notice] The refusal notice heard on the connection.
+ * @returns {WireError | null}
+ */
+export function refusalError(code, reason, notice = null) {
+  const announced = notice?.details?.closeCode === code ? String(notice?.details?.reason) : "";
+  if (code !== CloseCode.UNAUTHORIZED && code !== CloseCode.FORBIDDEN && !announced) return null;
+  const why = reason || announced || (code === CloseCode.FORBIDDEN ? "forbidden" : "unauthorized");
+  return wireError(ErrorCode.PERMISSION_DENIED, `The app refused the connection: ${why}.`, {
+    closeCode: code,
+    reason: why,
+  });
+}
+
+/**
+ * Whether an error is the refusal of an expired page token, which a fresh token cures.
+ * @param {unknown} error A WireError or an ABPError.
+ */
+export function isExpiredRefusal(error) {
+  if (!isRecord(error) || error.code !== ErrorCode.PERMISSION_DENIED || !isRecord(error.details)) return false;
+  return error.details.reason === Refusal.EXPIRED_CREDENTIALS;
 }
 
 /** A reason string from an AbortSignal's reason. @param {AbortSignal} signal */

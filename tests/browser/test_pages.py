@@ -37,17 +37,35 @@ def test_embed_page_may_be_framed_by_allowed_origins_only(
     policy = dict(directive.strip().split(" ", 1) for directive in directives)
     assert policy["frame-ancestors"] == f"'self' {parent_site.allowed}"
     assert policy["script-src"] == "'self'"
-    assert policy["default-src"] == "'none'"
+    assert policy["default-src"] == "'self'"
+    assert policy["connect-src"].split()[0] == "'self'"
+    assert policy["form-action"] == "'none'"
     match = re.search(rb'<script id="abp-embed-config" type="application/json">(.*?)<', body)
     assert match is not None
     config = json.loads(match.group(1))
     assert config["allowedOrigins"] == [parent_site.allowed]
     assert config["maxFrameBytes"] == 1024 * 1024
     assert config["endpoint"] == "/abp/ws"
+    # The bridge's credential: a page token, and where to renew it.
+    assert isinstance(config["token"], str)
+    assert config["token"]
+    assert config["tokenUrl"] == "/abp/page-token/"
+    assert config["tokenMaxAgeSeconds"] == 600
     assert b'rel="abp-manifest" href="/abp.json"' in body
     # Every other page keeps Django's DENY.
     for path in ("/", "/abp/demo/"):
         assert fetch(f"{stack.http_url}{path}")[1]["X-Frame-Options"] == "DENY"
+
+
+def test_page_token_url_gives_a_fresh_token_never_cached(stack: Stack) -> None:
+    status, headers, body = fetch(f"{stack.http_url}/abp/page-token/")
+    assert status == 200
+    assert headers["Content-Type"] == "application/json"
+    assert "no-store" in headers["Cache-Control"]
+    answer = json.loads(body)
+    assert set(answer) == {"token", "maxAgeSeconds"}
+    assert answer["maxAgeSeconds"] == 600
+    assert answer["token"] != json.loads(fetch(f"{stack.http_url}/abp/page-token/")[2])["token"]
 
 
 def test_demo_page_embeds_the_bridge_and_has_the_runtime(stack: Stack) -> None:
