@@ -12,6 +12,7 @@ BENCHMARKS = (
     "cancel_latency.py",
     "capabilities_speed.py",
     "admin_changelist.py",
+    "auth_overhead.py",
 )
 
 
