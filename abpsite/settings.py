@@ -274,6 +274,9 @@ ABP: dict[str, Any] = {
     "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", "abp:abort:"),
     "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", "abp:abort"),
     "ABORT_TTL_SECONDS": _env_int("ABP_ABORT_TTL_SECONDS", 24 * 3600),
+    # A dropped connection's session can be resumed (initialize.resume) this long;
+    # then a periodic task cancels its calls (source disconnect). 0: cancel at once.
+    "RESUME_GRACE_SECONDS": _env_float("ABP_RESUME_GRACE_SECONDS", 60.0),
     # A running job whose worker has not written a heartbeat for this long is failed
     # with WORKER_LOST (retryable); workers write one every third of it.
     "WORKER_LOST_AFTER_SECONDS": _env_float("ABP_WORKER_LOST_AFTER_SECONDS", 10.0),

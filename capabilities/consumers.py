@@ -18,6 +18,7 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.utils import timezone
 
 from capabilities import (
     aborts,
@@ -26,6 +27,7 @@ from capabilities import (
     rate_limits,
     registry,
     replies,
+    resumption,
     session_store,
     ws_auth,
 )
@@ -37,9 +39,11 @@ from capabilities.session import (
     Action,
     CancelCall,
     Close,
+    Detach,
     EndCalls,
     InFlight,
     OpenSession,
+    ResumeSession,
     Send,
     Session,
     StartCall,
@@ -111,6 +115,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
         self.group: str | None = None
         self.key_group: str | None = None
+        # Bumped by each resume of the session; a note naming a newer one means
+        # another connection took the session over.
+        self.generation = 0
+        self.superseded = False
+        self.detached = False
+        self.keep_alive: asyncio.TimerHandle | None = None
         prefix = ws_auth.key_prefix_presented(self.scope)
         if prefix is not None:
             # Joined before the key is checked: a revoke racing this connect is heard.
@@ -129,6 +139,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             app=app_info(),
             max_concurrent_calls=principal.max_concurrent_calls,
             max_timeout_ms=settings.ABP["MAX_TIMEOUT_MS"],
+            resumable=resumption.grace().total_seconds() > 0,
         )
         await self.accept(subprotocol=subprotocol)
 
@@ -163,15 +174,27 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if self.key_group is not None:
             await self.channel_layer.group_discard(self.key_group, self.channel_name)
         async with self.serial:
+            self.socket_gone = True
             await self.perform(self.session.disconnected(), connected=False)
-            for timer in self.timers.values():
-                timer.cancel()
-            self.timers.clear()
+            self.stop_timers()
             if self.group is not None:
                 await self.channel_layer.group_discard(self.group, self.channel_name)
-                await database_sync_to_async(session_store.close_session)(
-                    self.session.session_id, f"disconnected ({code})"
-                )
+                if not (self.detached or self.superseded):
+                    # Not resumable (shut down, revoked, resuming off): it ends here.
+                    await database_sync_to_async(session_store.close_session)(
+                        self.session.session_id, f"disconnected ({code})"
+                    )
+            if self.background:
+                # Deliveries given back, revokes: done before the session is let go.
+                await asyncio.gather(*self.background, return_exceptions=True)
+
+    def stop_timers(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        if self.keep_alive is not None:
+            self.keep_alive.cancel()
+            self.keep_alive = None
 
     # -- actions ----------------------------------------------------------------------
 
@@ -182,6 +205,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 await self.send(text_data=action.text)
             elif isinstance(action, OpenSession):
                 await self.open_session(action)
+            elif isinstance(action, ResumeSession):
+                await self.resume_session(action)
+            elif isinstance(action, Detach):
+                await self.detach()
             elif isinstance(action, StartCall):
                 await self.start_call(action)
             elif isinstance(action, CancelCall):
@@ -195,10 +222,86 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         origin = dict(self.scope.get("headers", [])).get(b"origin", b"").decode("latin-1")
         assert self.principal is not None
         await database_sync_to_async(session_store.open_session)(
-            action.session_id, action.message, origin=origin, principal=self.principal
+            action.session_id,
+            action.message,
+            origin=origin,
+            principal=self.principal,
+            resume_token=action.resume_token,
         )
         self.group = session_group(action.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        self.schedule_keep_alive()
+
+    async def resume_session(self, action: ResumeSession) -> None:
+        """Take over a session: its calls in flight, and its results not yet delivered."""
+        assert self.principal is not None
+        try:
+            group = session_group(action.session_id)
+        except ValueError:
+            refused = resumption.ResumeRefused(
+                ErrorCode.SESSION_INVALID, "This session cannot be resumed."
+            )
+            await self.perform(self.session.resume_refused(action, refused.error))
+            return
+        # Joined before the session's jobs are read: no settle falls in between.
+        await self.channel_layer.group_add(group, self.channel_name)
+        replacement = resumption.new_token()
+        try:
+            resumed = await database_sync_to_async(resumption.resume)(
+                action.session_id, action.token, self.principal, replacement
+            )
+        except resumption.ResumeRefused as refused:
+            await self.channel_layer.group_discard(group, self.channel_name)
+            await self.perform(self.session.resume_refused(action, refused.error))
+            return
+        self.group, self.generation = group, resumed.generation
+        if resumed.was_held:
+            # Its old connection may linger (a half-open socket, another Daphne).
+            await self.channel_layer.group_send(
+                group, {"type": "session.superseded", "generation": resumed.generation}
+            )
+        calls = [
+            InFlight(
+                call_id=job.call_id,
+                request_id=job.request_id,
+                job_id=str(job.id),
+                progress_token=job.progress_token,
+            )
+            for job in resumed.jobs
+        ]
+        await self.perform(self.session.resumed(action, token=replacement, calls=calls))
+        self.schedule_keep_alive()
+        for job in resumed.jobs:
+            if job.is_active:
+                assert job.deadline is not None
+                self.started[job.call_id] = time.monotonic()
+                self.time_out_at(job.call_id, (job.deadline - timezone.now()).total_seconds())
+            else:
+                await self.deliver(job.call_id)
+
+    async def detach(self) -> None:
+        """The socket dropped: the session stays, for a resume within the grace period."""
+        self.detached = True
+        if self.session.session_id is not None:
+            self.in_background(
+                database_sync_to_async(resumption.detach)(self.session.session_id, self.generation)
+            )
+
+    def schedule_keep_alive(self) -> None:
+        """Say every few seconds that this connection still holds the session."""
+        session_id = self.session.session_id
+        if session_id is None or self.socket_gone:
+            return
+
+        def tick() -> None:
+            self.in_background(
+                database_sync_to_async(resumption.keep_alive)(session_id, self.generation)
+            )
+            self.schedule_keep_alive()
+
+        self.keep_alive = asyncio.get_running_loop().call_later(
+            resumption.keep_alive_interval(), tick
+        )
 
     async def start_call(self, action: StartCall) -> None:
         spec = registry.get(action.capability)
@@ -262,9 +365,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         )
         self.started[action.call_id] = time.monotonic()
         assert job.deadline is not None
-        delay = max(0.0, (job.deadline - job.created_at).total_seconds())
-        self.timers[action.call_id] = asyncio.get_running_loop().call_later(
-            delay, lambda: self.in_background(self.on_timeout(action.call_id))
+        self.time_out_at(action.call_id, (job.deadline - job.created_at).total_seconds())
+
+    def time_out_at(self, call_id: str, delay: float) -> None:
+        """End the call as timed out in `delay` seconds, unless answered first."""
+        self.timers[call_id] = asyncio.get_running_loop().call_later(
+            max(0.0, delay), lambda: self.in_background(self.on_timeout(call_id))
         )
 
     async def cancel_call(self, action: CancelCall) -> None:
@@ -275,7 +381,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         # Only the settle is awaited before the confirmation: it decides. The abort
         # flag goes up right after the two replies, off the reply path.
         won = await database_sync_to_async(jobs.settle)(
-            call.job_id, jobs.Outcome.cancelled(CancelSource.AGENT, action.reason)
+            call.job_id, jobs.Outcome.cancelled(CancelSource.AGENT, action.reason), delivered=True
         )
         if won:
             await self.send(
@@ -324,7 +430,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         source = CancelSource(action.source)
         won = await database_sync_to_async(session_store.settle_cancelled)(
-            [call.job_id for call in calls], source, action.reason
+            [call.job_id for call in calls], source, action.reason, delivered=connected
         )
         for call in calls:
             if won[call.job_id]:
@@ -332,7 +438,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                     await self.answer_cancelled(call, source)
                 else:
                     self.forget(call.call_id)
-                    await self.stop_work(call.job_id, delivered=False)
+                    await self.stop_work(call.job_id)
             elif connected:
                 await self.deliver(call.call_id)
 
@@ -350,9 +456,15 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             )
         )
         self.forget(call.call_id)
-        await self.stop_work(call.job_id, delivered=True)
+        self.gave_up_if_gone(call.job_id)
+        await self.stop_work(call.job_id)
 
-    async def stop_work(self, job_id: str, *, delivered: bool) -> None:
+    def gave_up_if_gone(self, job_id: str) -> None:
+        """A result claimed for this socket but not sent: a resume delivers it instead."""
+        if self.socket_gone:
+            self.in_background(database_sync_to_async(jobs.release_delivery)(job_id))
+
+    async def stop_work(self, job_id: str) -> None:
         """After a cancel this consumer won: raise the abort flag, then revoke."""
         try:
             await aborts.request_abort_async(job_id)
@@ -360,9 +472,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             # The agent has its answer; without the flag the work runs on until the
             # reaper kills it (a cancelled job whose worker has not stopped).
             logger.exception("Could not raise the abort flag of job %s", job_id)
-        self.in_background(
-            database_sync_to_async(session_store.after_cancel)(job_id, delivered=delivered)
-        )
+        self.in_background(database_sync_to_async(jobs.revoke)(job_id))
 
     async def on_timeout(self, call_id: str) -> None:
         async with self.serial:
@@ -370,7 +480,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if call is None:
                 return
             won = await database_sync_to_async(jobs.settle)(
-                call.job_id, jobs.Outcome.cancelled(CancelSource.TIMEOUT, "options.timeout")
+                call.job_id,
+                jobs.Outcome.cancelled(CancelSource.TIMEOUT, "options.timeout"),
+                delivered=True,
             )
             if won:
                 await self.answer_cancelled(call, CancelSource.TIMEOUT)
@@ -382,16 +494,20 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         call = self.session.in_flight(call_id)
         if call is None:
             return  # answered already: a late note
-        if response is None:
-            response = await database_sync_to_async(session_store.settled_response)(
-                call.job_id, self.base_url
-            )
-        if response is None or self.session.finish(call_id) is None:
+        claimed = await database_sync_to_async(session_store.claim_response)(
+            call.job_id, self.base_url, response
+        )
+        if claimed is session_store.STILL_ACTIVE:
+            return  # a stale note: the job runs on
+        if self.session.finish(call_id) is None:
             return
-        await self.notify_completed(call_id)
-        await self.send(text_data=replies.call_result(call.request_id, response))
         self.forget(call_id)
-        self.in_background(database_sync_to_async(jobs.mark_delivered)(call.job_id))
+        if claimed is session_store.DELIVERED_ELSEWHERE:
+            return  # sent by another connection holding the session for a moment
+        assert isinstance(claimed, dict)
+        await self.notify_completed(call_id)
+        await self.send(text_data=replies.call_result(call.request_id, claimed))
+        self.gave_up_if_gone(call.job_id)
 
     def in_background(self, work: Coroutine[Any, Any, Any]) -> None:
         """Run bookkeeping that no reply waits for; keep a reference until it ends."""
@@ -447,3 +563,16 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 return
             await self.perform(self.session.revoked())
             await self.refuse("key-revoked")
+            if self.session.session_id is not None:
+                await database_sync_to_async(session_store.close_session)(
+                    self.session.session_id, "agent key revoked"
+                )
+
+    async def session_superseded(self, event: dict[str, Any]) -> None:
+        """Another connection resumed this session: hand it over without a word."""
+        if event["generation"] <= self.generation:
+            return  # our own announcement, or an older one
+        async with self.serial:
+            self.superseded = True
+            self.stop_timers()
+            await self.perform(self.session.superseded())

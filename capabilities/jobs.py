@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from capabilities import aborts, inputs, row_updates
-from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
+from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
 
 logger = logging.getLogger(__name__)
@@ -127,11 +127,18 @@ def _enqueue(job: Job) -> None:
     )
 
 
-def settle(job_id: uuid.UUID | str, outcome: Outcome, *, work_stopped: bool = False) -> bool:
+def settle(
+    job_id: uuid.UUID | str,
+    outcome: Outcome,
+    *,
+    work_stopped: bool = False,
+    delivered: bool = False,
+) -> bool:
     """Write an outcome if the job is still active; True if this call decided it.
 
     `work_stopped`: the caller is the worker, done with the work, so the same write
-    records when it stopped.
+    records when it stopped. `delivered`: the caller is the consumer that will send
+    the result at once, so the same write claims its delivery (see `claim_delivery`).
     """
     now = timezone.now()
     error = outcome.error
@@ -149,6 +156,8 @@ def settle(job_id: uuid.UUID | str, outcome: Outcome, *, work_stopped: bool = Fa
     }
     if work_stopped:
         values["stopped_at"] = now
+    if delivered:
+        values["delivered_at"] = now
     updated = row_updates.update_if(
         job_id,
         ACTIVE_STATUSES,
@@ -205,9 +214,23 @@ def record_stopped(job_id: str, *, hard_killed: bool = False) -> None:
     Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(**fields)
 
 
-def mark_delivered(job_id: uuid.UUID | str) -> None:
-    """Record that the agent was sent the call-result."""
-    Job.objects.filter(pk=job_id, delivered_at__isnull=True).update(delivered_at=timezone.now())
+def claim_delivery(job_id: uuid.UUID | str) -> bool:
+    """Claim the sending of a settled job's result; True for exactly one claimant.
+
+    Two consumers may hold the same call for a moment (a session resumed on another
+    Daphne while its old socket lingers); whoever claims first sends, so the agent
+    gets the result once. Claimed before sending: a crash in between would lose it,
+    so a consumer that finds its socket gone gives the claim back (`release_delivery`).
+    """
+    claimed = Job.objects.filter(
+        pk=job_id, delivered_at__isnull=True, status__in=SETTLED_STATUSES
+    ).update(delivered_at=timezone.now())
+    return claimed == 1
+
+
+def release_delivery(job_id: uuid.UUID | str) -> None:
+    """The result could not be sent: let a resumed session deliver it."""
+    Job.objects.filter(pk=job_id).update(delivered_at=None)
 
 
 def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:

@@ -27,6 +27,7 @@ class JobStatus(models.TextChoices):
 
 
 ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+SETTLED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class CancelSource(models.TextChoices):
@@ -96,10 +97,23 @@ class AgentSession(models.Model):
     connected_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
     close_reason = models.CharField(max_length=300, blank=True)
+    # Resuming: the SHA-256 of the current resume token (a new one at every resume).
+    resume_hash = models.CharField(max_length=64, blank=True)
+    # Bumped by every resume: a consumer holding an older one was taken over.
+    generation = models.PositiveIntegerField(default=0)
+    # When the socket dropped (null while a consumer holds the session).
+    detached_at = models.DateTimeField(null=True, blank=True)
+    # Refreshed by the consumer holding the session, set when it drops: a session
+    # not seen for the grace period (its Daphne died, or nobody resumed) is ended.
+    seen_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ("-connected_at",)
-        indexes = (models.Index(fields=("-connected_at",), name="session_connected_idx"),)
+        indexes = (
+            models.Index(fields=("-connected_at",), name="session_connected_idx"),
+            # The reaper: open sessions nobody has held for the grace period.
+            models.Index(fields=("closed_at", "seen_at"), name="session_open_seen_idx"),
+        )
 
     def __str__(self) -> str:
         return f"{self.agent_name or 'agent'} {self.id}"

@@ -1,7 +1,8 @@
 """The periodic sweep (Celery beat): ends what no process that is still alive ended.
 
-Timeouts are enforced here even when the agent and its consumer are gone, and a
-worker that keeps running a cancelled job past the grace period is killed.
+Timeouts are enforced here even when the agent and its consumer are gone, a
+worker that keeps running a cancelled job past the grace period is killed, and
+sessions nobody resumed in time have their calls cancelled.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from capabilities import jobs
+from capabilities import jobs, resumption
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def reap() -> None:
     for job_id, last_seen in lost:
         if jobs.fail_lost(job_id, last_seen=last_seen):
             logger.warning("Job %s lost its worker (last heartbeat %s)", job_id, last_seen)
+    resumption.expire_abandoned()
 
 
 def end_overdue(job_id: str) -> None:

@@ -19,8 +19,9 @@ def initialize_result(
     app: dict[str, Any],
     capabilities: list[dict[str, Any]],
     features: dict[str, bool],
+    resume_token: str,
 ) -> str:
-    """`initialize-result`."""
+    """`initialize-result`, with the token that resumes the session after a drop."""
     return encode(
         MessageType.INITIALIZE_RESULT,
         {
@@ -29,6 +30,7 @@ def initialize_result(
             "app": app,
             "capabilities": capabilities,
             "features": features,
+            "resumeToken": resume_token,
         },
         message_id=request_id,
     )

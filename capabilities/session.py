@@ -1,13 +1,16 @@
 """The per-connection ABP state machine: messages in, actions out. No I/O.
 
 States: NEW (before initialize) -> OPEN -> CLOSED. The consumer performs the
-actions in order, and reports back what it learned (`call_started`, `finish`).
+actions in order, and reports back what it learned (`call_started`, `finish`,
+`resumed`). A session can outlive its connection: a drop detaches it (when
+resuming is on), and `initialize` with `resume` on a new connection takes it back.
 The table of in-flight calls lives here; a call leaves it exactly once (`finish`),
 which is what makes every call answered exactly once on this connection.
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +54,22 @@ class OpenSession:
 
     session_id: str
     message: Initialize
+    resume_token: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeSession:
+    """Take an existing session over; report back with `resumed` or `resume_refused`."""
+
+    request_id: str
+    session_id: str
+    token: str
+    message: Initialize
+
+
+@dataclass(frozen=True, kw_only=True)
+class Detach:
+    """The socket dropped: keep the calls running for a resume within the grace period."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +109,7 @@ class Close:
     code: int
 
 
-Action = Send | OpenSession | StartCall | CancelCall | EndCalls | Close
+Action = Send | OpenSession | ResumeSession | StartCall | CancelCall | EndCalls | Detach | Close
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +133,8 @@ class Session:
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         max_concurrent_calls: int | None = None,
         max_timeout_ms: int | None = None,
+        resumable: bool = False,
+        new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
     ) -> None:
         self.state = SessionState.NEW
         self.session_id: str | None = None
@@ -124,6 +145,8 @@ class Session:
         self._calls: dict[str, InFlight] = {}
         self._max_calls = max_concurrent_calls
         self._max_timeout_ms = max_timeout_ms
+        self._resumable = resumable
+        self._new_token = new_token
 
     # -- messages in -------------------------------------------------------------
 
@@ -148,12 +171,21 @@ class Session:
         return [Send(text=replies.error_for("elicitation/response", message.id, error))]
 
     def disconnected(self) -> list[Action]:
-        """The socket dropped: every in-flight call is cancelled."""
+        """The socket dropped: the session waits for a resume, or its calls are cancelled."""
         if self.state is not SessionState.OPEN:
             self.state = SessionState.CLOSED
             return []
         self.state = SessionState.CLOSED
+        if self._resumable:
+            self._calls.clear()  # they are the resuming connection's to answer
+            return [Detach()]
         return [EndCalls(reason="connection closed", source="disconnect")]
+
+    def superseded(self) -> list[Action]:
+        """Another connection resumed this session: stop answering, close."""
+        self.state = SessionState.CLOSED
+        self._calls.clear()
+        return [Close(code=4409)]
 
     def revoked(self) -> list[Action]:
         """The connection's agent key was revoked: every in-flight call is cancelled."""
@@ -175,16 +207,34 @@ class Session:
             )
             return [Send(text=replies.error_for("initialize", message.id, error))]
         if message.resume is not None:
-            error = WireError(
-                code=ErrorCode.SESSION_INVALID, message="This session cannot be resumed."
-            )
-            return [Send(text=replies.error_for("initialize", message.id, error))]
+            if not self._resumable:
+                error = WireError(
+                    code=ErrorCode.SESSION_INVALID, message="Sessions cannot be resumed here."
+                )
+                return [Send(text=replies.error_for("initialize", message.id, error))]
+            return [
+                ResumeSession(
+                    request_id=message.id,
+                    session_id=message.resume.session_id,
+                    token=message.resume.token,
+                    message=message,
+                )
+            ]
+        token = self._new_token()
+        reply = self._open(message, self._new_id(), token)
+        assert self.session_id is not None
+        return [
+            OpenSession(session_id=self.session_id, message=message, resume_token=token),
+            Send(text=reply),
+        ]
+
+    def _open(self, message: Initialize, session_id: str, token: str) -> str:
         self.state = SessionState.OPEN
-        self.session_id = self._new_id()
+        self.session_id = session_id
         self.features = message.features
-        reply = replies.initialize_result(
+        return replies.initialize_result(
             message.id,
-            session_id=self.session_id,
+            session_id=session_id,
             protocol_version=PROTOCOL_VERSION,
             app=self._app,
             capabilities=[{"name": name, "available": True} for name in self._capability_names()],
@@ -193,8 +243,20 @@ class Session:
                 "progress": message.features.progress,
                 "elicitation": False,
             },
+            resume_token=token,
         )
-        return [OpenSession(session_id=self.session_id, message=message), Send(text=reply)]
+
+    def resumed(self, action: ResumeSession, *, token: str, calls: list[InFlight]) -> list[Action]:
+        """The session was taken over: its calls not yet answered are this connection's."""
+        if self.state is not SessionState.NEW:
+            return []
+        reply = self._open(action.message, action.session_id, token)
+        self._calls = {call.call_id: call for call in calls}
+        return [Send(text=reply)]
+
+    def resume_refused(self, action: ResumeSession, error: WireError) -> list[Action]:
+        """The session could not be resumed; the connection may still initialize afresh."""
+        return [Send(text=replies.error_for("initialize", action.request_id, error))]
 
     def _call(self, message: CallRequest) -> list[Action]:
         call_id = message.options.call_id or self._new_id()

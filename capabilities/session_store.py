@@ -6,16 +6,16 @@ from typing import Any
 
 from django.utils import timezone
 
-from capabilities import jobs, results
-from capabilities.models import AgentSession, CancelSource, Job
+from capabilities import jobs, results, resumption
+from capabilities.models import ACTIVE_STATUSES, AgentSession, CancelSource, Job
 from capabilities.protocol import Initialize
 from capabilities.ws_auth import Principal
 
 
 def open_session(
-    session_id: str, message: Initialize, *, origin: str, principal: Principal
+    session_id: str, message: Initialize, *, origin: str, principal: Principal, resume_token: str
 ) -> None:
-    """Record a new session, and who opened it."""
+    """Record a new session, who opened it, and (hashed) the token that resumes it."""
     AgentSession.objects.create(
         id=session_id,
         agent_name=message.agent.name[:200],
@@ -30,6 +30,7 @@ def open_session(
         agent_key=principal.key,
         auth=principal.kind,
         client_address=principal.client_address[:100],
+        resume_hash=resumption.token_hash(resume_token),
     )
 
 
@@ -48,14 +49,39 @@ def settled_response(job_id: str, base_url: str) -> dict[str, Any] | None:
     return results.call_response(job, base_url=base_url)
 
 
-def settle_cancelled(job_ids: list[str], source: CancelSource, reason: str) -> dict[str, bool]:
+def settle_cancelled(
+    job_ids: list[str], source: CancelSource, reason: str, *, delivered: bool
+) -> dict[str, bool]:
     """Settle several jobs as cancelled (shutdown, disconnect); which settles won."""
     outcome = jobs.Outcome.cancelled(source, reason)
-    return {job_id: jobs.settle(job_id, outcome) for job_id in job_ids}
+    return {job_id: jobs.settle(job_id, outcome, delivered=delivered) for job_id in job_ids}
 
 
-def after_cancel(job_id: str, *, delivered: bool) -> None:
-    """Off the reply path: revoke the task and record delivery."""
-    jobs.revoke(job_id)
-    if delivered:
-        jobs.mark_delivered(job_id)
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+STILL_ACTIVE = _Marker("STILL_ACTIVE")
+DELIVERED_ELSEWHERE = _Marker("DELIVERED_ELSEWHERE")
+
+
+def claim_response(
+    job_id: str, base_url: str, response: dict[str, Any] | None
+) -> dict[str, Any] | _Marker:
+    """Claim the delivery of a settled job's call-result, and the result to send.
+
+    STILL_ACTIVE if the job has not settled; DELIVERED_ELSEWHERE if the result was
+    already claimed (by another connection of the session, or an earlier note).
+    `response`, when the worker's note carried it, saves reading the job.
+    """
+    if not jobs.claim_delivery(job_id):
+        still_active = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).exists()
+        return STILL_ACTIVE if still_active else DELIVERED_ELSEWHERE
+    if response is not None:
+        return response
+    job = Job.objects.get(pk=job_id)
+    return results.call_response(job, base_url=base_url)

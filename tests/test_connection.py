@@ -7,11 +7,12 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from capabilities import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_stopped
 from tests.support.stack import Stack
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, seconds_between
 
 
 def test_initialize_result(stack: Stack) -> None:
@@ -116,7 +117,7 @@ def test_shutdown_answers_every_call_then_closes(stack: Stack) -> None:
     assert session.closed_at is not None
 
 
-def test_disconnect_cancels_calls_and_stops_the_work(stack: Stack) -> None:
+def test_a_session_nobody_resumes_has_its_calls_cancelled(stack: Stack) -> None:
     agent = Agent(stack.ws_url)
     agent.initialize()
     agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id="gone")
@@ -131,4 +132,8 @@ def test_disconnect_cancels_calls_and_stops_the_work(stack: Stack) -> None:
     session = eventually(
         lambda: AgentSession.objects.filter(pk=agent.session_id, closed_at__isnull=False).first()
     )
-    assert session.close_reason.startswith("disconnected")
+    assert session.close_reason == resumption.EXPIRED_REASON
+    # By the periodic task, once the grace period ended: not at the disconnect.
+    assert job.settled_at is not None
+    assert session.detached_at is not None
+    assert seconds_between(session.detached_at, job.settled_at) >= resumption.grace().seconds

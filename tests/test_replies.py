@@ -45,6 +45,7 @@ def test_initialize_result() -> None:
             app={"id": "app"},
             capabilities=[{"name": "export.pdf", "available": True}],
             features={"notifications": True, "progress": True, "elicitation": False},
+            resume_token="t0k",
         )
     )
     assert envelope["type"] == "initialize-result"
@@ -55,6 +56,7 @@ def test_initialize_result() -> None:
         "app": {"id": "app"},
         "capabilities": [{"name": "export.pdf", "available": True}],
         "features": {"notifications": True, "progress": True, "elicitation": False},
+        "resumeToken": "t0k",
     }
 
 

@@ -18,21 +18,25 @@ from capabilities.protocol import (
     CallRequest,
     CancelRequest,
     ElicitationResponse,
+    ErrorCode,
     Features,
     Initialize,
     Message,
     ProtocolError,
     ResumeRequest,
     Shutdown,
+    WireError,
     decode,
 )
 from capabilities.session import (
     Action,
     CancelCall,
     Close,
+    Detach,
     EndCalls,
     InFlight,
     OpenSession,
+    ResumeSession,
     Send,
     Session,
     SessionState,
@@ -48,11 +52,13 @@ def counter(prefix: str = "id") -> Callable[[], str]:
     return lambda: f"{prefix}-{next(numbers)}"
 
 
-def new_session(names: list[str] | None = None) -> Session:
+def new_session(names: list[str] | None = None, *, resumable: bool = False) -> Session:
     return Session(
         capability_names=lambda: list(NAMES if names is None else names),
         app=dict(APP),
         new_id=counter(),
+        new_token=counter("token"),
+        resumable=resumable,
     )
 
 
@@ -124,7 +130,7 @@ def test_initialize_opens_the_session() -> None:
         features=Features(notifications=True, progress=False, elicitation=True),
     )
     actions = session.receive(message)
-    assert actions[0] == OpenSession(session_id="id-1", message=message)
+    assert actions[0] == OpenSession(session_id="id-1", message=message, resume_token="token-1")
     reply = sent(actions[1:])
     assert reply["type"] == "initialize-result"
     assert reply["id"] == "init-7"
@@ -135,6 +141,7 @@ def test_initialize_opens_the_session() -> None:
         "capabilities": [{"name": name, "available": True} for name in NAMES],
         # We elicit nothing yet, so elicitation is never echoed as on.
         "features": {"notifications": True, "progress": False, "elicitation": False},
+        "resumeToken": "token-1",
     }
     assert session.state is SessionState.OPEN
     assert session.session_id == "id-1"
@@ -170,7 +177,7 @@ def test_second_initialize_is_already_initialized() -> None:
     assert session.session_id == "id-1"
 
 
-def test_initialize_with_resume_is_session_invalid() -> None:
+def test_initialize_with_resume_is_session_invalid_when_resuming_is_off() -> None:
     session = new_session()
     resume = ResumeRequest(session_id="old", token="tok")
     reply = sent(session.receive(Initialize(id="r", resume=resume)))
@@ -621,9 +628,15 @@ TestSessionTable = SessionTable.TestCase
 # -- limits and revocation -----------------------------------------------------------------
 
 
-def limited_session(**limits: int) -> Session:
+def limited_session(
+    *, max_concurrent_calls: int | None = None, max_timeout_ms: int | None = None
+) -> Session:
     session = Session(
-        capability_names=lambda: list(NAMES), app=dict(APP), new_id=counter(), **limits
+        capability_names=lambda: list(NAMES),
+        app=dict(APP),
+        new_id=counter(),
+        max_concurrent_calls=max_concurrent_calls,
+        max_timeout_ms=max_timeout_ms,
     )
     session.receive(Initialize(id="init", features=Features()))
     return session
@@ -659,3 +672,56 @@ def test_revoking_an_open_session_ends_its_calls_as_an_operator() -> None:
     assert session.state is SessionState.CLOSED
     assert session.revoked() == []
     assert new_session().revoked() == []
+
+
+# -- resuming ---------------------------------------------------------------------------
+
+
+def test_a_resumable_session_detaches_instead_of_cancelling() -> None:
+    session = new_session(resumable=True)
+    session.receive(Initialize(id="init"))
+    start(session, "c1")
+    assert session.disconnected() == [Detach()]
+    assert session.in_flight_calls() == []  # the resuming connection answers them
+    assert session.state is SessionState.CLOSED
+
+
+def test_initialize_with_resume_asks_the_consumer_to_take_the_session() -> None:
+    session = new_session(resumable=True)
+    message = Initialize(id="r", resume=ResumeRequest(session_id="s-9", token="tok"))
+    [action] = session.receive(message)
+    assert action == ResumeSession(request_id="r", session_id="s-9", token="tok", message=message)
+    assert session.state.value == "new"  # until the consumer reports back
+
+    call = InFlight(call_id="c1", request_id="q1", job_id="j1", progress_token=None)
+    reply = sent(session.resumed(action, token="token-new", calls=[call]))
+    assert reply["id"] == "r"
+    assert reply["payload"]["sessionId"] == "s-9"
+    assert reply["payload"]["resumeToken"] == "token-new"
+    assert session.state is SessionState.OPEN
+    assert session.in_flight("c1") == call
+    # A second initialize on this connection is refused as usual.
+    again = sent(session.receive(Initialize(id="again")))["payload"]
+    assert_error(again, "ALREADY_INITIALIZED")
+
+
+def test_a_refused_resume_leaves_the_connection_free_to_initialize() -> None:
+    session = new_session(resumable=True)
+    message = Initialize(id="r", resume=ResumeRequest(session_id="s-9", token="bad"))
+    [action] = session.receive(message)
+    assert isinstance(action, ResumeSession)
+    error = WireError(code=ErrorCode.SESSION_EXPIRED, message="too late")
+    reply = sent(session.resume_refused(action, error))
+    assert reply["id"] == "r"
+    assert_error(reply["payload"], "SESSION_EXPIRED")
+    assert session.state is SessionState.NEW
+    assert isinstance(session.receive(Initialize(id="fresh"))[0], OpenSession)
+
+
+def test_a_superseded_session_drops_its_calls_and_closes() -> None:
+    session = new_session(resumable=True)
+    session.receive(Initialize(id="init"))
+    start(session, "c1")
+    assert session.superseded() == [Close(code=4409)]
+    assert session.in_flight_calls() == []
+    assert session.receive(call("c2")) == []

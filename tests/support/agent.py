@@ -34,6 +34,7 @@ class Agent:
         self.inbox: list[Envelope] = []
         self._ids = itertools.count(1)
         self._session_id: str | None = None
+        self.resume_token: str | None = None
 
     def close(self) -> None:
         """Close the socket."""
@@ -105,6 +106,26 @@ class Agent:
         )
         reply = self.reply_to(message_id, "initialize-result")
         self._session_id = reply["payload"].get("sessionId")
+        self.resume_token = reply["payload"].get("resumeToken")
+        return reply
+
+    def resume(
+        self, session_id: uuid.UUID | str, token: str, *, notifications: bool = False
+    ) -> Envelope:
+        """initialize with `resume`; the initialize-result (its payload may be an error)."""
+        message_id = self.send(
+            "initialize",
+            {
+                "agent": {"name": "test-agent", "version": "1.0"},
+                "protocolVersion": "0.1",
+                "features": {"notifications": notifications, "progress": True},
+                "resume": {"sessionId": str(session_id), "token": token},
+            },
+        )
+        reply = self.reply_to(message_id, "initialize-result")
+        if "error" not in reply["payload"]:
+            self._session_id = reply["payload"]["sessionId"]
+            self.resume_token = reply["payload"]["resumeToken"]
         return reply
 
     @property

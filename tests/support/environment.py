@@ -39,6 +39,9 @@ def prepare(prefix: str, **overrides: str) -> Stack:
             "ABP_REAPER_INTERVAL_SECONDS": "0.5",
             "ABP_HARD_KILL_GRACE_SECONDS": "1.5",
             "ABP_WORKER_LOST_AFTER_SECONDS": "3",
+            # Long enough to restart a Daphne and resume; short enough that tests of
+            # a session nobody resumes wait only a few seconds.
+            "ABP_RESUME_GRACE_SECONDS": "5",
             "ABP_MAX_FRAME_BYTES": str(1024 * 1024),
             # Small, so that tests see both inline results and download URLs.
             "ABP_INLINE_RESULT_MAX_BYTES": str(256 * 1024),

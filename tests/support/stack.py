@@ -132,14 +132,18 @@ class Stack:
             ),
             run_dir,
         )  # fmt: skip
-        self.web = ManagedProcess(
-            "daphne",
+        self.web = self.new_web(self.web_port)
+
+    def new_web(self, port: int, name: str = "daphne") -> ManagedProcess:
+        """A Daphne for this stack on `port` (not started)."""
+        return ManagedProcess(
+            name,
             python_tool(
                 "daphne",
                 "-b",
                 "127.0.0.1",
                 "-p",
-                str(self.web_port),
+                str(port),
                 # Daphne enforces the frame limit itself (close code 1009), before
                 # buffering anything larger; the Procfile passes the same variable.
                 "--websocket-max-message-size",
@@ -148,7 +152,7 @@ class Stack:
                 os.environ["ABP_MAX_FRAME_BYTES"],
                 "abpsite.asgi:application",
             ),
-            run_dir,
+            self.run_dir,
         )
 
     def _new_worker(self) -> ManagedProcess:
@@ -177,6 +181,11 @@ class Stack:
         self.redis.start(lambda: port_open(self.redis_port))
         self.start_worker()
         self.beat.start(lambda: "beat: Starting" in self.beat.log_text())
+        self.web.start(lambda: port_open(self.web_port))
+
+    def start_web(self) -> None:
+        """Start a fresh Daphne on the stack's port (after the last one was killed)."""
+        self.web = self.new_web(self.web_port)
         self.web.start(lambda: port_open(self.web_port))
 
     def start_worker(self) -> None:

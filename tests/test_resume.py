@@ -1,0 +1,218 @@
+"""Resuming sessions on the real stack: dropped sockets, other Daphnes, a Daphne killed.
+
+The test stack's grace period is 5 s (tests/support/environment.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from capabilities import agent_keys, resumption
+from capabilities.models import AgentSession, CancelSource, Job, JobStatus
+from tests.support.agent import Agent, Envelope
+from tests.support.jobs import wait_running
+from tests.support.stack import ManagedProcess, Stack, free_port, port_open
+from tests.support.waiting import eventually
+
+LONG = {"steps": 100, "stepMs": 20}  # about 2 s
+
+
+def call_results(agent: Agent, call_id: str, settle_for: float = 0.5) -> list[Envelope]:
+    """Every call-result for callId that arrives within `settle_for` s of the last message."""
+    try:
+        while True:
+            agent.receive(timeout=settle_for)
+    except TimeoutError:
+        pass
+    return agent.results_for_call(call_id)
+
+
+def dropped(stack: Stack, url: str | None = None) -> tuple[Agent, uuid.UUID, str]:
+    """An initialized agent (its socket still open), its session id and resume token."""
+    agent = Agent(url or stack.ws_url)
+    payload = agent.initialize()["payload"]
+    return agent, uuid.UUID(payload["sessionId"]), payload["resumeToken"]
+
+
+def close_code(agent: Agent) -> int | None:
+    """Read until the server closes the socket; its close code."""
+    try:
+        while True:
+            agent.receive(timeout=5)
+    except ConnectionClosed as closed:
+        return closed.rcvd.code if closed.rcvd else None
+
+
+def wait_detached(session_id: uuid.UUID) -> AgentSession:
+    return eventually(AgentSession.objects.filter(pk=session_id, detached_at__isnull=False).first)
+
+
+def test_initialize_result_carries_a_resume_token_kept_only_hashed(agent: Agent) -> None:
+    token = agent.resume_token
+    assert token is not None
+    assert len(token) >= 40
+    session = AgentSession.objects.get(pk=agent.session_id)
+    assert session.resume_hash == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in session.resume_hash
+
+
+def test_a_call_in_flight_is_answered_on_the_resumed_connection(stack: Stack) -> None:
+    first, session_id, token = dropped(stack)
+    call = first.call("test.sleep", LONG, call_id="keeps-running")
+    wait_running(first, "keeps-running")
+    first.close()
+    wait_detached(session_id)
+    # The drop cancelled nothing.
+    job = Job.objects.get(session_id=session_id, call_id="keeps-running")
+    assert job.status == JobStatus.RUNNING
+
+    with Agent(stack.ws_url) as second:
+        reply = second.resume(session_id, token)["payload"]
+        assert reply["sessionId"] == str(session_id)
+        assert reply["resumeToken"] != token
+        result = second.result_of(call)["payload"]
+        assert result["success"] is True
+        assert len(call_results(second, "keeps-running")) == 1
+        # The resumed connection holds the call: cancelling another one works too.
+        other = second.call("test.sleep", LONG, call_id="after-resume")
+        wait_running(second, "after-resume")
+        cancel = second.reply_to(second.cancel("after-resume"), "capabilities/cancel-result")
+        assert cancel["payload"]["cancelled"] is True
+        assert second.result_of(other)["payload"]["cancelled"] is True
+    delivered = Job.objects.get(pk=job.pk)
+    assert delivered.delivered_at is not None
+
+
+def test_results_settled_while_away_are_delivered_once(stack: Stack) -> None:
+    first, session_id, token = dropped(stack)
+    calls = {
+        call_id: first.call("test.sleep", {"steps": 10, "echo": call_id}, call_id=call_id)
+        for call_id in ("a", "b", "c")
+    }
+    eventually(lambda: Job.objects.filter(session_id=session_id).count() == 3)
+    first.close()
+    eventually(
+        lambda: Job.objects.filter(session_id=session_id, status=JobStatus.SUCCEEDED).count() == 3
+    )
+    undelivered = Job.objects.filter(session_id=session_id, delivered_at__isnull=True).count()
+    assert undelivered >= 1  # settled after the drop (most likely all three)
+
+    with Agent(stack.ws_url) as second:
+        second.resume(session_id, token)
+        for call_id in calls:
+            results = call_results(second, call_id, settle_for=0.3)
+            if Job.objects.get(session_id=session_id, call_id=call_id).delivered_at is None:
+                pytest.fail(f"{call_id} not recorded as delivered")
+            assert len(results) <= 1
+        received = {
+            e["payload"]["callId"] for e in second.inbox if e["type"].endswith("call-result")
+        }
+        newer_token = second.resume_token
+    assert received  # those the first connection had not been sent
+    assert newer_token is not None
+    # Delivered is delivered: a later resume gets nothing again.
+    with Agent(stack.ws_url) as third:
+        third.resume(session_id, newer_token)
+        for call_id in calls:
+            assert call_results(third, call_id, settle_for=0.3) == []
+
+
+def test_a_resume_with_a_wrong_token_or_key_is_session_invalid(stack: Stack) -> None:
+    first, session_id, token = dropped(stack)
+    first.close()
+    wait_detached(session_id)
+    stranger_key = agent_keys.create_key("stranger")[1]
+    attempts: list[tuple[str, str | None, uuid.UUID | str, str]] = [
+        (stack.ws_url, None, session_id, "not-the-token"),
+        (stack.ws_url, stranger_key, session_id, token),  # another agent's key
+        (stack.ws_url, None, "not-a-uuid", token),
+        (stack.ws_url, None, "00000000-0000-0000-0000-000000000000", token),
+    ]
+    for url, key, sid, guess in attempts:
+        with Agent(url, **({"key": key} if key else {})) as intruder:
+            reply = intruder.resume(sid, guess)["payload"]
+            assert reply["error"]["code"] == "SESSION_INVALID"
+            assert "sessionId" not in reply
+    # Failed attempts do not burn the token; a used token does not work twice.
+    with Agent(stack.ws_url) as owner:
+        assert owner.resume(session_id, token)["payload"]["sessionId"] == str(session_id)
+    with Agent(stack.ws_url) as late:
+        assert late.resume(session_id, token)["payload"]["error"]["code"] == "SESSION_INVALID"
+
+
+def test_a_session_not_resumed_in_time_is_expired(stack: Stack) -> None:
+    first, session_id, token = dropped(stack)
+    first.call("test.sleep", {"steps": 2000}, call_id="abandoned")
+    wait_running(first, "abandoned")
+    first.close()
+    job = eventually(
+        Job.objects.filter(
+            session_id=session_id, call_id="abandoned", status=JobStatus.CANCELLED
+        ).first,
+        timeout=resumption.grace().total_seconds() + 5,
+    )
+    assert job.cancel_source == CancelSource.DISCONNECT
+    with Agent(stack.ws_url) as late:
+        reply = late.resume(session_id, token)["payload"]
+    assert reply["error"]["code"] == "SESSION_EXPIRED"
+
+
+def test_resuming_while_the_old_socket_is_open_takes_the_session_over(stack: Stack) -> None:
+    first, session_id, token = dropped(stack)
+    call = first.call("test.sleep", {"steps": 30}, call_id="handed-over")
+    wait_running(first, "handed-over")
+    with Agent(stack.ws_url) as second:
+        second.resume(session_id, token)
+        assert close_code(first) == 4409
+        assert second.result_of(call)["payload"]["success"] is True
+        assert len(call_results(second, "handed-over")) == 1
+    assert first.results_for_call("handed-over") == []
+    # Taken over, not detached: the session stays open for the new connection.
+    assert AgentSession.objects.get(pk=session_id).close_reason == ""
+
+
+@pytest.fixture
+def second_daphne(stack: Stack) -> Iterator[str]:
+    port = free_port()
+    web = stack.new_web(port, name="daphne-2")
+    web.start(lambda: port_open(port))
+    try:
+        yield f"ws://127.0.0.1:{port}/abp/ws"
+    finally:
+        web.stop()
+
+
+def test_a_session_resumes_through_another_daphne(stack: Stack, second_daphne: str) -> None:
+    first, session_id, token = dropped(stack)
+    call = first.call("test.sleep", LONG, call_id="crosses")
+    wait_running(first, "crosses")
+    first.close()
+    wait_detached(session_id)
+    with Agent(second_daphne) as elsewhere:
+        assert elsewhere.resume(session_id, token)["payload"]["sessionId"] == str(session_id)
+        assert elsewhere.result_of(call)["payload"]["success"] is True
+        assert len(call_results(elsewhere, "crosses")) == 1
+
+
+def test_a_killed_daphne_is_restarted_and_its_sessions_resumed(stack: Stack) -> None:
+    first, session_id, token = dropped(stack)
+    call = first.call("test.sleep", LONG, call_id="survives")
+    wait_running(first, "survives")
+    killed: ManagedProcess = stack.web
+    killed.kill()  # SIGKILL by PID: no disconnect handler runs
+    started = time.monotonic()
+    stack.start_web()
+    restart_seconds = time.monotonic() - started
+    assert restart_seconds < resumption.grace().total_seconds()
+    with pytest.raises((ConnectionClosed, TimeoutError, OSError)):
+        first.receive(timeout=2)
+    with Agent(stack.ws_url) as again:
+        assert again.resume(session_id, token)["payload"]["sessionId"] == str(session_id)
+        assert again.result_of(call)["payload"]["success"] is True
+        assert len(call_results(again, "survives")) == 1
