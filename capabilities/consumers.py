@@ -18,11 +18,9 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.utils import timezone
 
 from capabilities import (
     aborts,
-    agent_keys,
     jobs,
     rate_limits,
     registry,
@@ -31,6 +29,8 @@ from capabilities import (
     session_store,
     ws_auth,
 )
+from capabilities.consumer_access import AccessMixin
+from capabilities.consumer_resume import ResumeMixin
 from capabilities.jobs import CallIdInUse
 from capabilities.models import CancelSource, Job, session_group
 from capabilities.protocol import ErrorCode, ProtocolError, WireError, decode
@@ -76,8 +76,12 @@ def _capability_names() -> list[str]:
     return [spec.name for spec in registry.all_specs()]
 
 
-class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
-    """One agent connection speaking the ABP envelope."""
+class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ignore[misc]
+    """One agent connection speaking the ABP envelope.
+
+    Who may connect is AccessMixin's (capabilities/consumer_access.py); taking a
+    session over and letting it go is ResumeMixin's (capabilities/consumer_resume.py).
+    """
 
     # Set once a send found the socket closed, or once we closed it.
     socket_gone = False
@@ -121,19 +125,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.superseded = False
         self.detached = False
         self.keep_alive: asyncio.TimerHandle | None = None
-        prefix = ws_auth.key_prefix_presented(self.scope)
-        if prefix is not None:
-            # Joined before the key is checked: a revoke racing this connect is heard.
-            self.key_group = agent_keys.key_group(prefix)
-            await self.channel_layer.group_add(self.key_group, self.channel_name)
-        subprotocol = ws_auth.selected_subprotocol(self.scope)
-        try:
-            principal = await database_sync_to_async(ws_auth.authenticate)(self.scope)
-        except ws_auth.Refused as refused:
-            await self.accept(subprotocol=subprotocol)
-            await self.refuse(refused.reason)
-            return
-        self.principal = principal
+        principal = await self.authenticate()
+        if principal is None:
+            return  # refused, and told why
         self.session = Session(
             capability_names=_capability_names,
             app=app_info(),
@@ -141,22 +135,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             max_timeout_ms=settings.ABP["MAX_TIMEOUT_MS"],
             resumable=resumption.grace().total_seconds() > 0,
         )
-        await self.accept(subprotocol=subprotocol)
-
-    async def refuse(self, reason: str) -> None:
-        """Say why in a `notifications/error`, then close with the reason's code.
-
-        Daphne drops close reasons, so the frame carries the stable reason.
-        """
-        code = ws_auth.CLOSE_CODES[reason]
-        error = WireError(
-            code=ErrorCode.PERMISSION_DENIED,
-            message=ws_auth.REFUSAL_MESSAGES[reason],
-            retryable=reason == "expired-credentials",
-            details={"reason": reason, "closeCode": code},
-        )
-        await self.send(text_data=replies.notification("notifications/error", error.to_json()))
-        await self.close(code=code)
+        await self.accept(subprotocol=ws_auth.selected_subprotocol(self.scope))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
@@ -231,77 +210,6 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.group = session_group(action.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         self.schedule_keep_alive()
-
-    async def resume_session(self, action: ResumeSession) -> None:
-        """Take over a session: its calls in flight, and its results not yet delivered."""
-        assert self.principal is not None
-        try:
-            group = session_group(action.session_id)
-        except ValueError:
-            refused = resumption.ResumeRefused(
-                ErrorCode.SESSION_INVALID, "This session cannot be resumed."
-            )
-            await self.perform(self.session.resume_refused(action, refused.error))
-            return
-        # Joined before the session's jobs are read: no settle falls in between.
-        await self.channel_layer.group_add(group, self.channel_name)
-        replacement = resumption.new_token()
-        try:
-            resumed = await database_sync_to_async(resumption.resume)(
-                action.session_id, action.token, self.principal, replacement
-            )
-        except resumption.ResumeRefused as refused:
-            await self.channel_layer.group_discard(group, self.channel_name)
-            await self.perform(self.session.resume_refused(action, refused.error))
-            return
-        self.group, self.generation = group, resumed.generation
-        if resumed.was_held:
-            # Its old connection may linger (a half-open socket, another Daphne).
-            await self.channel_layer.group_send(
-                group, {"type": "session.superseded", "generation": resumed.generation}
-            )
-        calls = [
-            InFlight(
-                call_id=job.call_id,
-                request_id=job.request_id,
-                job_id=str(job.id),
-                progress_token=job.progress_token,
-            )
-            for job in resumed.jobs
-        ]
-        await self.perform(self.session.resumed(action, token=replacement, calls=calls))
-        self.schedule_keep_alive()
-        for job in resumed.jobs:
-            if job.is_active:
-                assert job.deadline is not None
-                self.started[job.call_id] = time.monotonic()
-                self.time_out_at(job.call_id, (job.deadline - timezone.now()).total_seconds())
-            else:
-                await self.deliver(job.call_id)
-
-    async def detach(self) -> None:
-        """The socket dropped: the session stays, for a resume within the grace period."""
-        self.detached = True
-        if self.session.session_id is not None:
-            self.in_background(
-                database_sync_to_async(resumption.detach)(self.session.session_id, self.generation)
-            )
-
-    def schedule_keep_alive(self) -> None:
-        """Say every few seconds that this connection still holds the session."""
-        session_id = self.session.session_id
-        if session_id is None or self.socket_gone:
-            return
-
-        def tick() -> None:
-            self.in_background(
-                database_sync_to_async(resumption.keep_alive)(session_id, self.generation)
-            )
-            self.schedule_keep_alive()
-
-        self.keep_alive = asyncio.get_running_loop().call_later(
-            resumption.keep_alive_interval(), tick
-        )
 
     async def start_call(self, action: StartCall) -> None:
         spec = registry.get(action.capability)
@@ -555,24 +463,3 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def job_settled(self, event: dict[str, Any]) -> None:
         async with self.serial:
             await self.deliver(event["call_id"], event.get("response"))
-
-    async def agent_key_revoked(self, event: dict[str, Any]) -> None:
-        """The key this connection opened with was revoked: end its calls, close."""
-        async with self.serial:
-            if self.principal is None or self.socket_gone:
-                return
-            await self.perform(self.session.revoked())
-            await self.refuse("key-revoked")
-            if self.session.session_id is not None:
-                await database_sync_to_async(session_store.close_session)(
-                    self.session.session_id, "agent key revoked"
-                )
-
-    async def session_superseded(self, event: dict[str, Any]) -> None:
-        """Another connection resumed this session: hand it over without a word."""
-        if event["generation"] <= self.generation:
-            return  # our own announcement, or an older one
-        async with self.serial:
-            self.superseded = True
-            self.stop_timers()
-            await self.perform(self.session.superseded())
