@@ -6,6 +6,9 @@ import threading
 import uuid
 
 from django.db import connection
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from capabilities import jobs
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
@@ -113,3 +116,70 @@ def test_call_ids_are_unique_per_session_only() -> None:
     assert jobs.find_call(other_session.id, first.call_id) is not None
     assert jobs.find_call(first.session_id, first.call_id) == first
     assert jobs.find_call(uuid.uuid4(), first.call_id) is None
+
+
+# -- every interleaving of outcomes and deliveries ---------------------------------------
+
+OUTCOMES = {
+    "worker succeeds": (jobs.Outcome.succeeded({"ok": True}), False),
+    "worker fails": (
+        jobs.Outcome.failed(WireError(code=ErrorCode.OPERATION_FAILED, message="no")),
+        False,
+    ),
+    "agent cancels": (jobs.Outcome.cancelled(CancelSource.AGENT), True),
+    "timeout": (jobs.Outcome.cancelled(CancelSource.TIMEOUT), True),
+    "disconnect": (jobs.Outcome.cancelled(CancelSource.DISCONNECT), False),
+    "operator": (jobs.Outcome.cancelled(CancelSource.OPERATOR), False),
+    "shutdown": (jobs.Outcome.cancelled(CancelSource.SHUTDOWN), True),
+}
+
+
+class SettleAndDeliver(RuleBasedStateMachine):
+    """Settles from every source and delivery claims from two connections, in any order.
+
+    The first settle decides the outcome; a result is claimed for sending once (by a
+    consumer's winning cancel, or by one claim) until a connection gives it back.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job = new_job()
+        self.decided: str | None = None
+        self.claimed = False
+
+    @rule(source=st.sampled_from(sorted(OUTCOMES)), start_first=st.booleans())
+    def settle(self, source: str, start_first: bool) -> None:
+        if start_first:
+            jobs.mark_running(str(self.job.id), "w")
+        outcome, delivered = OUTCOMES[source]
+        won = jobs.settle(self.job.id, outcome, delivered=delivered)
+        assert won == (self.decided is None)
+        if won:
+            self.decided = source
+            self.claimed = delivered
+
+    @rule(connection=st.sampled_from(["A", "B"]))
+    def claim(self, connection: str) -> None:
+        claimed = jobs.claim_delivery(self.job.id)
+        assert claimed == (self.decided is not None and not self.claimed), connection
+        self.claimed = self.claimed or claimed
+
+    @rule()
+    def give_back(self) -> None:
+        if self.claimed:
+            jobs.release_delivery(self.job.id)
+            self.claimed = False
+
+    @invariant()
+    def row_matches(self) -> None:
+        row = Job.objects.get(pk=self.job.pk)
+        assert row.is_active == (self.decided is None)
+        assert (row.delivered_at is not None) == self.claimed
+        if self.decided is not None:
+            outcome, _ = OUTCOMES[self.decided]
+            assert row.status == outcome.status
+            assert row.cancel_source == (outcome.cancel_source or "")
+
+
+TestSettleAndDeliver = SettleAndDeliver.TestCase
+TestSettleAndDeliver.settings = settings(max_examples=150, stateful_step_count=12, deadline=None)
