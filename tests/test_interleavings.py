@@ -10,6 +10,7 @@ cancel, and each cancel-result consistent with its call's result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -131,10 +132,8 @@ class Interleavings(RuleBasedStateMachine):
         while time.monotonic() < deadline and not all(
             results_for(record, call_id) for call_id in record.calls
         ):
-            try:
+            with contextlib.suppress(TimeoutError):
                 record.agent.receive(timeout=0.5)
-            except TimeoutError:
-                pass
         time.sleep(0.3)  # anything sent twice would be here by now
         try:
             while True:
