@@ -2,6 +2,7 @@
 
 import os
 import sys
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -37,7 +38,39 @@ def _close_oversized_frames_with_1009() -> None:
     WebSocketFactory.resetProtocolOptions = reset_without_drop
 
 
+def _refuse_sends_after_disconnect() -> None:
+    """Make a WebSocket send on a closed connection raise, as the ASGI spec says.
+
+    ASGI's WebSocket spec (2.4): a send on a closed connection raises an OSError
+    subclass (uvicorn does since 0.27). Daphne 4
+    drops it without a word once the client is gone, so a result sent in the
+    moment between the client's close and our disconnect handler looked delivered
+    and was lost to the agent's resume (found by tests/test_interleavings.py).
+    Raising lets the consumer give the result back.
+    """
+    from daphne.server import Server
+
+    handle_reply = Server.handle_reply
+
+    async def handle_reply_or_raise(
+        self: Server, protocol: object, message: dict[str, Any]
+    ) -> None:
+        details = self.connections.get(protocol)
+        if message.get("type") == "websocket.send" and (
+            details is None or details.get("disconnected")
+        ):
+            raise ConnectionClosedError("The WebSocket is closed.")
+        await handle_reply(self, protocol, message)
+
+    Server.handle_reply = handle_reply_or_raise
+
+
+class ConnectionClosedError(OSError):
+    """A send on a WebSocket the client already closed."""
+
+
 _close_oversized_frames_with_1009()
+_refuse_sends_after_disconnect()
 
 application = ProtocolTypeRouter(
     {

@@ -9,7 +9,6 @@ checkpoints (the way Celery's SIGUSR1 soft time limit raises into a task).
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import logging
 import os
@@ -22,9 +21,9 @@ from types import FrameType
 from typing import Any, TypeVar
 
 import redis
-import redis.asyncio
 from django.conf import settings
 
+from capabilities import redis_pool
 from capabilities.context import JobAborted
 
 logger = logging.getLogger(__name__)
@@ -56,15 +55,9 @@ def request_abort(job_id: str) -> None:
     pipe.execute()
 
 
-_async_clients: dict[int, redis.asyncio.Redis] = {}
-
-
 async def request_abort_async(job_id: str) -> None:
     """`request_abort` from an event loop (the consumer), without a thread hop."""
-    loop_id = id(asyncio.get_running_loop())
-    client = _async_clients.get(loop_id)
-    if client is None:
-        client = _async_clients[loop_id] = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    client = redis_pool.client()
     # Twice: after a Redis restart the first command meets a dead pooled connection.
     for attempt in range(2):
         pipe = client.pipeline(transaction=False)

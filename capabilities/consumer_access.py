@@ -15,6 +15,7 @@ from capabilities import agent_keys, replies, session_store, ws_auth
 from capabilities.protocol import ErrorCode, WireError
 
 if TYPE_CHECKING:
+    from capabilities.layer import RetryingLayer
     from capabilities.session import Action, Session
 
 
@@ -23,7 +24,7 @@ class AccessMixin:
 
     if TYPE_CHECKING:
         scope: dict[str, Any]
-        channel_layer: Any
+        layer: RetryingLayer
         channel_name: str
         principal: ws_auth.Principal | None
         key_group: str | None
@@ -44,7 +45,7 @@ class AccessMixin:
         if prefix is not None:
             # Joined before the key is checked: a revoke racing this connect is heard.
             self.key_group = agent_keys.key_group(prefix)
-            await self.channel_layer.group_add(self.key_group, self.channel_name)
+            await self.layer.group_add(self.key_group, self.channel_name)
         try:
             self.principal = await database_sync_to_async(ws_auth.authenticate)(self.scope)
         except ws_auth.Refused as refused:

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from capabilities import resumption
+from capabilities import held_sessions, resumption, session_store
 from capabilities.models import session_group
 from capabilities.protocol import ErrorCode
-from capabilities.session import InFlight, ResumeSession
+from capabilities.session import InFlight, ResumeSession, SessionState
 
 if TYPE_CHECKING:
     from capabilities import ws_auth
+    from capabilities.layer import RetryingLayer
     from capabilities.session import Action, Session
 
 
@@ -29,7 +30,7 @@ class ResumeMixin:
     """Resume, detach, takeover and keep-alive for ABPConsumer."""
 
     if TYPE_CHECKING:
-        channel_layer: Any
+        layer: RetryingLayer
         channel_name: str
         principal: ws_auth.Principal | None
         session: Session
@@ -39,7 +40,6 @@ class ResumeMixin:
         generation: int
         superseded: bool
         detached: bool
-        keep_alive: asyncio.TimerHandle | None
         started: dict[str, float]
 
         async def perform(self, actions: list[Action], *, connected: bool = True) -> None: ...
@@ -60,20 +60,20 @@ class ResumeMixin:
             await self.perform(self.session.resume_refused(action, refused.error))
             return
         # Joined before the session's jobs are read: no settle falls in between.
-        await self.channel_layer.group_add(group, self.channel_name)
+        await self.layer.group_add(group, self.channel_name)
         replacement = resumption.new_token()
         try:
             resumed = await database_sync_to_async(resumption.resume)(
                 action.session_id, action.token, self.principal, replacement
             )
         except resumption.ResumeRefused as refused:
-            await self.channel_layer.group_discard(group, self.channel_name)
+            await self.layer.group_discard(group, self.channel_name)
             await self.perform(self.session.resume_refused(action, refused.error))
             return
         self.group, self.generation = group, resumed.generation
         if resumed.was_held:
             # Its old connection may linger (a half-open socket, another Daphne).
-            await self.channel_layer.group_send(
+            await self.layer.group_send(
                 group, {"type": "session.superseded", "generation": resumed.generation}
             )
         calls = [
@@ -86,7 +86,7 @@ class ResumeMixin:
             for job in resumed.jobs
         ]
         await self.perform(self.session.resumed(action, token=replacement, calls=calls))
-        self.schedule_keep_alive()
+        held_sessions.hold(self.channel_name, action.session_id)
         for job in resumed.jobs:
             if job.is_active:
                 assert job.deadline is not None
@@ -98,26 +98,11 @@ class ResumeMixin:
     async def detach(self) -> None:
         """The socket dropped: the session stays, for a resume within the grace period."""
         self.detached = True
+        held_sessions.release(self.channel_name)
         if self.session.session_id is not None:
             self.in_background(
                 database_sync_to_async(resumption.detach)(self.session.session_id, self.generation)
             )
-
-    def schedule_keep_alive(self) -> None:
-        """Say every few seconds that this connection still holds the session."""
-        session_id = self.session.session_id
-        if session_id is None or self.socket_gone:
-            return
-
-        def tick() -> None:
-            self.in_background(
-                database_sync_to_async(resumption.keep_alive)(session_id, self.generation)
-            )
-            self.schedule_keep_alive()
-
-        self.keep_alive = asyncio.get_running_loop().call_later(
-            resumption.keep_alive_interval(), tick
-        )
 
     # -- a note from the connection that resumed this session (channel layer) ----------
 
@@ -127,5 +112,26 @@ class ResumeMixin:
             return  # our own announcement, or an older one
         async with self.serial:
             self.superseded = True
+            held_sessions.release(self.channel_name)
             self.stop_timers()
             await self.perform(self.session.superseded())
+
+    # -- a result another connection of this session could not send (channel layer) ----
+
+    async def job_returned(self, event: dict[str, Any]) -> None:
+        """Take over a result its connection gave back (jobs.release_delivery)."""
+        async with self.serial:
+            if self.session.state is not SessionState.OPEN or self.session.session_id is None:
+                return  # not holding the session: a resume will find the result
+            job = await database_sync_to_async(session_store.find_job)(
+                self.session.session_id, event["job_id"]
+            )
+            if job is None or self.session.in_flight(job.call_id) is not None:
+                return
+            self.session.call_started(
+                call_id=job.call_id,
+                request_id=job.request_id,
+                job_id=str(job.id),
+                progress_token=job.progress_token,
+            )
+            await self.deliver(job.call_id)

@@ -21,6 +21,7 @@ from django.conf import settings
 
 from capabilities import (
     aborts,
+    held_sessions,
     jobs,
     rate_limits,
     registry,
@@ -32,6 +33,7 @@ from capabilities import (
 from capabilities.consumer_access import AccessMixin
 from capabilities.consumer_resume import ResumeMixin
 from capabilities.jobs import CallIdInUse
+from capabilities.layer import RetryingLayer
 from capabilities.models import CancelSource, Job, session_group
 from capabilities.protocol import ErrorCode, ProtocolError, WireError, decode
 from capabilities.results import outcome_response
@@ -100,7 +102,8 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             return
         try:
             await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
-        except Disconnected:
+        except (Disconnected, OSError):
+            # autobahn's, or the ASGI server's "closed" (abpsite/asgi.py).
             self.socket_gone = True
 
     async def close(self, code: int | None = None, reason: str | None = None) -> None:
@@ -111,6 +114,7 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
 
     async def connect(self) -> None:
         self.principal: ws_auth.Principal | None = None
+        self.layer = RetryingLayer(self.channel_layer)
         self.session = Session(capability_names=_capability_names, app=app_info())
         self.serial = asyncio.Lock()
         self.timers: dict[str, asyncio.TimerHandle] = {}
@@ -124,7 +128,6 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
         self.generation = 0
         self.superseded = False
         self.detached = False
-        self.keep_alive: asyncio.TimerHandle | None = None
         principal = await self.authenticate()
         if principal is None:
             return  # refused, and told why
@@ -151,13 +154,14 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
 
     async def disconnect(self, code: int) -> None:
         if self.key_group is not None:
-            await self.channel_layer.group_discard(self.key_group, self.channel_name)
+            await self.layer.group_discard(self.key_group, self.channel_name)
         async with self.serial:
             self.socket_gone = True
             await self.perform(self.session.disconnected(), connected=False)
             self.stop_timers()
+            held_sessions.release(self.channel_name)
             if self.group is not None:
-                await self.channel_layer.group_discard(self.group, self.channel_name)
+                await self.layer.group_discard(self.group, self.channel_name)
                 if not (self.detached or self.superseded):
                     # Not resumable (shut down, revoked, resuming off): it ends here.
                     await database_sync_to_async(session_store.close_session)(
@@ -171,9 +175,6 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
-        if self.keep_alive is not None:
-            self.keep_alive.cancel()
-            self.keep_alive = None
 
     # -- actions ----------------------------------------------------------------------
 
@@ -208,8 +209,8 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             resume_token=action.resume_token,
         )
         self.group = session_group(action.session_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        self.schedule_keep_alive()
+        await self.layer.group_add(self.group, self.channel_name)
+        held_sessions.hold(self.channel_name, action.session_id)
 
     async def start_call(self, action: StartCall) -> None:
         spec = registry.get(action.capability)

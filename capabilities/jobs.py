@@ -229,8 +229,17 @@ def claim_delivery(job_id: uuid.UUID | str) -> bool:
 
 
 def release_delivery(job_id: uuid.UUID | str) -> None:
-    """The result could not be sent: let a resumed session deliver it."""
+    """The result could not be sent: give it back, to whoever holds the session now.
+
+    A connection that resumed the session meanwhile may have read its calls before
+    this; the note tells it to take this one too (a later resume finds it anyway).
+    """
+    from capabilities.notifier import notify  # channels' layer loads lazily
+
     Job.objects.filter(pk=job_id).update(delivered_at=None)
+    job = Job.objects.filter(pk=job_id).only("session_id").first()
+    if job is not None:
+        notify(str(job.session_id), {"type": "job.returned", "job_id": str(job_id)})
 
 
 def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:

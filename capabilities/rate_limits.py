@@ -16,6 +16,8 @@ from limits import RateLimitItemPerMinute
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 
+from capabilities import redis_pool
+
 logger = logging.getLogger(__name__)
 
 _limiters: dict[int, MovingWindowRateLimiter] = {}
@@ -27,7 +29,14 @@ def _limiter() -> MovingWindowRateLimiter:
     limiter = _limiters.get(loop_id)
     if limiter is None:
         url = settings.REDIS_URL.replace("redis://", "async+redis://", 1)
-        storage = RedisStorage(url, implementation="redispy", key_prefix="abp:rate")
+        storage = RedisStorage(
+            url,
+            implementation="redispy",
+            key_prefix="abp:rate",
+            # The consumers' bounded pool: a burst waits for a connection, never skips.
+            # (limits' redis-py bridge takes a pool; its option type says otherwise.)
+            connection_pool=redis_pool.pool(),  # type: ignore[arg-type]
+        )
         limiter = _limiters[loop_id] = MovingWindowRateLimiter(storage)
     return limiter
 

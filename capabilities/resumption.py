@@ -30,6 +30,7 @@ from capabilities.ws_auth import Principal
 logger = logging.getLogger(__name__)
 
 BATCH = 200
+BATCH_UPDATE = 500
 EXPIRED_REASON = "expired: not resumed in time"
 
 
@@ -129,11 +130,12 @@ def detach(session_id: str, generation: int) -> None:
     )
 
 
-def keep_alive(session_id: str, generation: int) -> None:
-    """The holding connection is still there."""
-    AgentSession.objects.filter(
-        pk=session_id, generation=generation, closed_at=None, detached_at=None
-    ).update(seen_at=timezone.now())
+def keep_alive(session_ids: list[str]) -> None:
+    """Their holding connections are still there (one statement per 500 sessions)."""
+    now = timezone.now()
+    for start in range(0, len(session_ids), BATCH_UPDATE):
+        chunk = session_ids[start : start + BATCH_UPDATE]
+        AgentSession.objects.filter(pk__in=chunk, closed_at=None).update(seen_at=now)
 
 
 def expire_abandoned() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.utils import timezone
@@ -39,6 +40,11 @@ def close_session(session_id: str, reason: str) -> None:
     AgentSession.objects.filter(pk=session_id, closed_at__isnull=True).update(
         closed_at=timezone.now(), close_reason=reason[:300]
     )
+
+
+def find_job(session_id: str, job_id: str) -> Job | None:
+    """A job of this session (never another session's)."""
+    return Job.objects.filter(pk=job_id, session_id=uuid.UUID(session_id)).first()
 
 
 def settled_response(job_id: str, base_url: str) -> dict[str, Any] | None:

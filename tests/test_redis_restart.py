@@ -25,3 +25,20 @@ def test_calls_survive_a_redis_restart(stack: Stack, agent: Agent) -> None:
     assert agent.result_of(running)["payload"]["cancelled"] is True
     stopped = wait_stopped(agent, "cancel-after")
     assert not stopped.hard_killed  # the abort watcher re-subscribed too
+
+
+def test_sessions_open_and_resume_after_a_redis_restart(stack: Stack) -> None:
+    held = Agent(stack.ws_url)
+    payload = held.initialize()["payload"]
+    stack.redis.kill()
+    stack.redis.start(lambda: port_open(stack.redis_port))
+    # The first channel-layer calls after the restart meet dead pooled connections:
+    # joining a new session's group, and announcing a takeover to the old socket.
+    with Agent(stack.ws_url) as fresh:
+        assert fresh.initialize()["payload"]["sessionId"]
+        call = fresh.call("test.sleep", {"steps": 1, "echo": "fresh"})
+        assert fresh.result_of(call, timeout=30)["payload"]["data"]["echo"] == "fresh"
+    with Agent(stack.ws_url) as taker:
+        reply = taker.resume(payload["sessionId"], payload["resumeToken"])["payload"]
+        assert reply["sessionId"] == payload["sessionId"]
+    held.close()

@@ -1,0 +1,38 @@
+"""The consumer side's Redis connections: one bounded, waiting pool per event loop.
+
+Abort flags and the rate limiter talk to Redis from Daphne's event loop. redis-py's
+default asyncio pool refuses a command outright once 100 connections are busy
+(MaxConnectionsError): under a burst of 500 calls the limiter stopped counting and
+an abort flag was lost (bench/load_sessions.py). A BlockingConnectionPool makes a
+command wait for a free connection instead, up to a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio
+from django.conf import settings
+
+# Connections one Daphne process keeps to Redis for flags and limits; commands take
+# well under a millisecond, so a burst queues briefly instead of opening hundreds.
+MAX_CONNECTIONS = 32
+WAIT_SECONDS = 5.0
+
+_pools: dict[int, redis.asyncio.BlockingConnectionPool] = {}
+
+
+def pool() -> redis.asyncio.BlockingConnectionPool:
+    """This event loop's pool (asyncio connections belong to the loop that made them)."""
+    loop_id = id(asyncio.get_running_loop())
+    found = _pools.get(loop_id)
+    if found is None:
+        found = _pools[loop_id] = redis.asyncio.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=MAX_CONNECTIONS, timeout=WAIT_SECONDS
+        )
+    return found
+
+
+def client() -> redis.asyncio.Redis:
+    """A client on this loop's pool."""
+    return redis.asyncio.Redis(connection_pool=pool())
