@@ -13,6 +13,7 @@ BENCHMARKS = (
     "capabilities_speed.py",
     "admin_changelist.py",
     "auth_overhead.py",
+    "load_sessions.py",
 )
 
 
