@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from capabilities import held_sessions, resumption, session_store
-from capabilities.models import session_group
+from capabilities import held_sessions, jobs, resumption, session_store
+from capabilities.models import Job, session_group
 from capabilities.protocol import ErrorCode
-from capabilities.session import InFlight, ResumeSession, SessionState
+from capabilities.session import ResumeSession, SessionState
 
 if TYPE_CHECKING:
     from capabilities import ws_auth
@@ -76,24 +76,49 @@ class ResumeMixin:
             await self.layer.group_send(
                 group, {"type": "session.superseded", "generation": resumed.generation}
             )
-        calls = [
-            InFlight(
-                call_id=job.call_id,
-                request_id=job.request_id,
-                job_id=str(job.id),
-                progress_token=job.progress_token,
-            )
-            for job in resumed.jobs
-        ]
-        await self.perform(self.session.resumed(action, token=replacement, calls=calls))
+        await self.perform(self.session.resumed(action, token=replacement, calls=[]))
         held_sessions.hold(self.channel_name, action.session_id)
         for job in resumed.jobs:
-            if job.is_active:
-                assert job.deadline is not None
-                self.started[job.call_id] = time.monotonic()
-                self.time_out_at(job.call_id, (job.deadline - timezone.now()).total_seconds())
-            else:
+            self.adopt(job)
+            if not job.is_active:
                 await self.deliver(job.call_id)
+
+    def holds_session(self) -> bool:
+        """This connection holds an open session and can still send to the agent."""
+        return (
+            not self.socket_gone
+            and self.session.state is SessionState.OPEN
+            and self.session.session_id is not None
+        )
+
+    def adopt(self, job: Job) -> None:
+        """Make a call of this session this connection's to answer (and to time out)."""
+        self.session.call_started(
+            call_id=job.call_id,
+            request_id=job.request_id,
+            job_id=str(job.id),
+            progress_token=job.progress_token,
+        )
+        if job.is_active:
+            assert job.deadline is not None
+            self.started[job.call_id] = time.monotonic()
+            self.time_out_at(job.call_id, (job.deadline - timezone.now()).total_seconds())
+
+    async def adopt_unknown(self, call_id: str) -> bool:
+        """A call of this session that this connection does not hold yet: hold it?
+
+        Another connection of the session may have created it (its call frame came
+        in as the agent dropped it and resumed here) or given its result back.
+        True if the call is not answered yet and is now this connection's.
+        """
+        if not self.holds_session() or self.session.in_flight(call_id) is not None:
+            return False
+        assert self.session.session_id is not None
+        job = await database_sync_to_async(jobs.find_call)(self.session.session_id, call_id)
+        if job is None or job.delivered_at is not None:
+            return False
+        self.adopt(job)
+        return True
 
     async def detach(self) -> None:
         """The socket dropped: the session stays, for a resume within the grace period."""
@@ -121,17 +146,11 @@ class ResumeMixin:
     async def job_returned(self, event: dict[str, Any]) -> None:
         """Take over a result its connection gave back (jobs.release_delivery)."""
         async with self.serial:
-            if self.session.state is not SessionState.OPEN or self.session.session_id is None:
-                return  # not holding the session: a resume will find the result
+            if not self.holds_session():
+                return  # a resume will find it
+            assert self.session.session_id is not None
             job = await database_sync_to_async(session_store.find_job)(
                 self.session.session_id, event["job_id"]
             )
-            if job is None or self.session.in_flight(job.call_id) is not None:
-                return
-            self.session.call_started(
-                call_id=job.call_id,
-                request_id=job.request_id,
-                job_id=str(job.id),
-                progress_token=job.progress_token,
-            )
-            await self.deliver(job.call_id)
+            if job is not None and await self.adopt_unknown(job.call_id):
+                await self.deliver(job.call_id)

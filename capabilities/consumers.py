@@ -283,6 +283,8 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
         )
 
     async def cancel_call(self, action: CancelCall) -> None:
+        if self.session.in_flight(action.call_id) is None:
+            await self.adopt_unknown(action.call_id)
         call = self.session.in_flight(action.call_id)
         if call is None:
             await self.answer_cancel_of_unknown(action)
@@ -403,6 +405,10 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
         call = self.session.in_flight(call_id)
         if call is None:
             return  # answered already: a late note
+        if self.socket_gone:
+            # Claiming it now would only keep it from the connection that resumes
+            # the session; unclaimed, that connection finds it.
+            return
         claimed = await database_sync_to_async(session_store.claim_response)(
             call.job_id, self.base_url, response
         )
@@ -463,4 +469,7 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
 
     async def job_settled(self, event: dict[str, Any]) -> None:
         async with self.serial:
-            await self.deliver(event["call_id"], event.get("response"))
+            call_id = event["call_id"]
+            if self.session.in_flight(call_id) is None and not await self.adopt_unknown(call_id):
+                return  # answered already (a late note), or not this connection's
+            await self.deliver(call_id, event.get("response"))

@@ -19,7 +19,6 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
-from websockets.exceptions import ConnectionClosed
 
 from capabilities import replies
 from tests.support.agent import Agent, Envelope
@@ -44,15 +43,6 @@ class SessionRecord:
 
     def received(self) -> list[Envelope]:
         return [envelope for agent in self.connections for envelope in agent.inbox]
-
-
-def drain(agent: Agent) -> int | None:
-    """Read everything the server sent before closing; the close code."""
-    try:
-        while True:
-            agent.receive(timeout=5)
-    except ConnectionClosed as closed:
-        return closed.rcvd.code if closed.rcvd else None
 
 
 class Interleavings(RuleBasedStateMachine):
@@ -103,14 +93,14 @@ class Interleavings(RuleBasedStateMachine):
     def drop_and_resume(self) -> None:
         old = self.current.agent
         old.ws.close()
-        drain(old)
+        old.read_until_closed()
         self.resume()
 
     @rule()
     def take_over(self) -> None:
         old = self.current.agent
         self.resume()
-        assert drain(old) == 4409
+        assert old.read_until_closed() == 4409
 
     def resume(self) -> None:
         agent = Agent(self.stack.ws_url)
@@ -122,7 +112,7 @@ class Interleavings(RuleBasedStateMachine):
     @rule()
     def shutdown(self) -> None:
         self.current.agent.send("shutdown", {"reason": "interleavings"})
-        assert drain(self.current.agent) == 1000
+        assert self.current.agent.read_until_closed() == 1000
         self.current.ended = True
         self.start_session()
 

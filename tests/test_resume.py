@@ -5,7 +5,9 @@ The test stack's grace period is 5 s (tests/support/environment.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,15 +40,6 @@ def dropped(stack: Stack, url: str | None = None) -> tuple[Agent, uuid.UUID, str
     agent = Agent(url or stack.ws_url)
     payload = agent.initialize()["payload"]
     return agent, uuid.UUID(payload["sessionId"]), payload["resumeToken"]
-
-
-def close_code(agent: Agent) -> int | None:
-    """Read until the server closes the socket; its close code."""
-    try:
-        while True:
-            agent.receive(timeout=5)
-    except ConnectionClosed as closed:
-        return closed.rcvd.code if closed.rcvd else None
 
 
 def wait_detached(session_id: uuid.UUID) -> AgentSession:
@@ -169,7 +162,7 @@ def test_resuming_while_the_old_socket_is_open_takes_the_session_over(stack: Sta
     wait_running(first, "handed-over")
     with Agent(stack.ws_url) as second:
         second.resume(session_id, token)
-        assert close_code(first) == 4409
+        assert first.read_until_closed() == 4409
         assert second.result_of(call)["payload"]["success"] is True
         assert len(call_results(second, "handed-over")) == 1
     assert first.results_for_call("handed-over") == []
@@ -216,3 +209,85 @@ def test_a_killed_daphne_is_restarted_and_its_sessions_resumed(stack: Stack) -> 
         assert again.resume(session_id, token)["payload"]["sessionId"] == str(session_id)
         assert again.result_of(call)["payload"]["success"] is True
         assert len(call_results(again, "survives")) == 1
+
+
+ROUNDS = int(os.environ.get("ABP_RAPID_DROP_ROUNDS", "30"))
+
+
+class Reconnecting:
+    """One session over a series of connections, each dropped and resumed."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        agent = Agent(stack.ws_url)
+        # Notifications on: more frames in flight as each socket is dropped.
+        payload = agent.initialize(notifications=True)["payload"]
+        self.session_id, self.token = payload["sessionId"], payload["resumeToken"]
+        self.connections = [agent]
+
+    @property
+    def agent(self) -> Agent:
+        return self.connections[-1]
+
+    def drop_and_resume(self) -> None:
+        self.agent.ws.close()
+        self.agent.read_until_closed()
+        again = Agent(self.stack.ws_url)
+        reply = again.resume(self.session_id, self.token, notifications=True)
+        self.token = reply["payload"]["resumeToken"]
+        self.connections.append(again)
+
+    def results_for(self, call_id: str) -> list[Envelope]:
+        return [r for agent in self.connections for r in agent.results_for_call(call_id)]
+
+
+def test_calls_made_through_rapid_drops_are_each_answered_once(stack: Stack) -> None:
+    """Calls sent right before the agent drops the socket, resumed at once, many times.
+
+    Found by tests/test_interleavings.py: a call whose frame arrived as the agent
+    dropped was created after the resuming connection had read the session's
+    calls, and its result reached nobody.
+    """
+    # Each step: a call (callId, steps, timeout) or a drop and resume (None).
+    plan: list[tuple[str, int, int | None] | None] = [
+        None,
+        None,
+        ("c1", 2, 120),
+        ("c2", 2, None),
+        None,
+        ("c3", 0, None),
+        None,
+        None,
+        None,
+        ("c4", 10, 120),
+        None,
+        ("c5", 3, None),
+    ]
+    calls = [step[0] for step in plan if step is not None]
+    for _ in range(ROUNDS):
+        session = Reconnecting(stack)
+        for step in plan:
+            if step is None:
+                session.drop_and_resume()
+            else:
+                call_id, steps, timeout_ms = step
+                session.agent.call(
+                    "test.sleep",
+                    {"steps": steps, "stepMs": 10},
+                    call_id=call_id,
+                    timeout_ms=timeout_ms,
+                )
+        last = session.agent
+        cancel = last.reply_to(last.cancel("c4"), "capabilities/cancel-result")["payload"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+            session.results_for(call_id) for call_id in calls
+        ):
+            with contextlib.suppress(TimeoutError):
+                last.receive(timeout=0.2)
+        for call_id in calls:
+            assert len(session.results_for(call_id)) == 1, (call_id, session.results_for(call_id))
+        [c4] = session.results_for("c4")
+        assert bool(cancel["cancelled"]) == bool(c4["payload"].get("cancelled"))
+        for connection in session.connections:
+            connection.close()

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 Envelope = dict[str, Any]
@@ -89,6 +90,14 @@ class Agent:
             if predicate(envelope):
                 envelope["_taken"] = True
                 return envelope
+
+    def read_until_closed(self, timeout: float = 5.0) -> int | None:
+        """Read (into the inbox) until the server closes the socket; its close code."""
+        try:
+            while True:
+                self.receive(timeout=timeout)
+        except ConnectionClosed as closed:
+            return closed.rcvd.code if closed.rcvd else None
 
     def reply_to(self, message_id: str, message_type: str, timeout: float = 10.0) -> Envelope:
         """The reply of a type to a request id."""
