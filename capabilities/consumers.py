@@ -412,12 +412,12 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
         claimed = await database_sync_to_async(session_store.claim_response)(
             call.job_id, self.base_url, response
         )
-        if claimed is session_store.STILL_ACTIVE:
+        if claimed is session_store.NotClaimed.STILL_ACTIVE:
             return  # a stale note: the job runs on
         if self.session.finish(call_id) is None:
             return
         self.forget(call_id)
-        if claimed is session_store.DELIVERED_ELSEWHERE:
+        if claimed is session_store.NotClaimed.DELIVERED_ELSEWHERE:
             return  # sent by another connection holding the session for a moment
         assert isinstance(claimed, dict)
         await self.notify_completed(call_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from enum import Enum
 from typing import Any
 
 from django.utils import timezone
@@ -63,21 +64,16 @@ def settle_cancelled(
     return {job_id: jobs.settle(job_id, outcome, delivered=delivered) for job_id in job_ids}
 
 
-class _Marker:
-    def __init__(self, name: str) -> None:
-        self.name = name
+class NotClaimed(Enum):
+    """Why a call-result was not claimed for sending."""
 
-    def __repr__(self) -> str:
-        return self.name
-
-
-STILL_ACTIVE = _Marker("STILL_ACTIVE")
-DELIVERED_ELSEWHERE = _Marker("DELIVERED_ELSEWHERE")
+    STILL_ACTIVE = "the job has not settled"
+    DELIVERED_ELSEWHERE = "already claimed, by another connection or an earlier note"
 
 
 def claim_response(
     job_id: str, base_url: str, response: dict[str, Any] | None
-) -> dict[str, Any] | _Marker:
+) -> dict[str, Any] | NotClaimed:
     """Claim the delivery of a settled job's call-result, and the result to send.
 
     STILL_ACTIVE if the job has not settled; DELIVERED_ELSEWHERE if the result was
@@ -86,7 +82,7 @@ def claim_response(
     """
     if not jobs.claim_delivery(job_id):
         still_active = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).exists()
-        return STILL_ACTIVE if still_active else DELIVERED_ELSEWHERE
+        return NotClaimed.STILL_ACTIVE if still_active else NotClaimed.DELIVERED_ELSEWHERE
     if response is not None:
         return response
     job = Job.objects.get(pk=job_id)
