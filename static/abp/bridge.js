@@ -42,6 +42,7 @@ import {
   isExpiredRefusal,
   isRecord,
   newId,
+  parseTextFrame,
   refusalError,
   refusalNotice,
   wireError,
@@ -351,13 +352,8 @@ export class Bridge {
       for (const text of queued) this.#send(socket, text);
     });
     socket.addEventListener("message", (event) => {
-      if (typeof event.data !== "string") return;
-      let message;
-      try {
-        message = JSON.parse(event.data);
-      } catch {
-        return;
-      }
+      const message = parseTextFrame(event);
+      if (message === undefined) return;
       if (socket === this.#socket) {
         if (refusalNotice(message) !== null) {
           this.#refusal = message; // the close follows

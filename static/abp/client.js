@@ -38,6 +38,7 @@ import {
   failedResponse,
   isRecord,
   newId,
+  parseTextFrame,
   refusalError,
   refusalNotice,
   wireError,
@@ -149,13 +150,8 @@ class WebSocketTransport {
         { once: true },
       );
       socket.addEventListener("message", (event) => {
-        if (typeof event.data !== "string") return;
-        let message;
-        try {
-          message = JSON.parse(event.data);
-        } catch {
-          return;
-        }
+        const message = parseTextFrame(event);
+        if (message === undefined) return;
         this.onmessage(message);
       });
       socket.addEventListener(

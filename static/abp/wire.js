@@ -198,6 +198,20 @@ export class ABPError extends Error {
   }
 }
 
+/**
+ * The message a WebSocket text frame carries; undefined for binary frames and bad JSON.
+ * @param {MessageEvent} event
+ * @returns {any}
+ */
+export function parseTextFrame(event) {
+  if (typeof event.data !== "string") return undefined;
+  try {
+    return JSON.parse(event.data);
+  } catch {
+    return undefined;
+  }
+}
+
 /** @param {unknown} value @returns {value is Record<string, any>} */
 export function isRecord(value) {
   return typeof value === "object" && value !== null && !Array.isArray(value);
