@@ -324,10 +324,11 @@ DEV_SUPERUSER_USERNAME = os.environ.get("DJANGO_DEV_SUPERUSER_USERNAME", "admin"
 DEV_SUPERUSER_PASSWORD = os.environ.get("DJANGO_DEV_SUPERUSER_PASSWORD", "admin")
 
 LOG_LEVEL = os.environ.get("DJANGO_LOG_LEVEL", "INFO")
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"revoke_without_backend": {"()": "abpsite.log_filters.RevokeWithoutResultBackend"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
@@ -335,6 +336,7 @@ LOGGING = {
         "weasyprint.progress": {"level": "INFO", "propagate": False, "handlers": []},
         "weasyprint": {"level": "ERROR"},
         "fontTools": {"level": "WARNING"},
+        "celery.worker.control": {"filters": ["revoke_without_backend"]},
     },
 }
 

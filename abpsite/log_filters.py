@@ -1,0 +1,21 @@
+"""Logging filters named in settings.LOGGING."""
+
+from __future__ import annotations
+
+import logging
+
+
+class RevokeWithoutResultBackend(logging.Filter):
+    """Drop Celery's warning that a revoke could not be stored in a result backend.
+
+    Celery 5.7 tries to mark every revoked task in the result backend and warns,
+    once per cancel, when there is none. There is none on purpose: the job row is
+    the record of every outcome. Any other failure to mark a task still shows.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (
+            message.startswith("Failed to mark task")
+            and "No result backend is configured" in message
+        )
