@@ -41,7 +41,19 @@ def grace() -> timedelta:
 
 def keep_alive_interval() -> float:
     """How often the consumer holding a session says so (well within the grace)."""
-    return max(0.5, min(20.0, grace().total_seconds() / 3))
+    seconds = grace().total_seconds()
+    if seconds <= 0:
+        return 10.0  # resuming is off: only a dead Daphne's sessions are looked for
+    return max(0.5, min(20.0, seconds / 3))
+
+
+def unheld_for() -> timedelta:
+    """A session not seen this long is nobody's: the grace, and three missed beats.
+
+    With resuming off (grace 0) a consumer ends its session when the socket drops;
+    the reaper then only ends the sessions of a Daphne that died.
+    """
+    return max(grace(), timedelta(seconds=3 * keep_alive_interval()))
 
 
 def new_token() -> str:
@@ -141,7 +153,7 @@ def keep_alive(session_ids: list[str]) -> None:
 def expire_abandoned() -> int:
     """End sessions nobody held for the grace period; cancel their calls. How many."""
     now = timezone.now()
-    cutoff = now - grace()
+    cutoff = now - unheld_for()
     candidates = AgentSession.objects.filter(closed_at=None, seen_at__lt=cutoff).values_list(
         "id", flat=True
     )[:BATCH]
