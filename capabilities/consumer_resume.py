@@ -104,6 +104,21 @@ class ResumeMixin:
             self.started[job.call_id] = time.monotonic()
             self.time_out_at(job.call_id, (job.deadline - timezone.now()).total_seconds())
 
+    async def adopt_undelivered(self) -> None:
+        """Hold every unanswered call of the session (before a shutdown ends them all).
+
+        Besides this connection's own calls, the session may have some that another
+        of its connections created or gave back a moment ago.
+        """
+        if self.socket_gone or self.session.session_id is None:
+            return
+        pending = await database_sync_to_async(session_store.undelivered_jobs)(
+            self.session.session_id
+        )
+        for job in pending:
+            if self.session.in_flight(job.call_id) is None:
+                self.adopt(job)
+
     async def adopt_unknown(self, call_id: str) -> bool:
         """A call of this session that this connection does not hold yet: hold it?
 

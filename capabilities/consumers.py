@@ -336,6 +336,8 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             await database_sync_to_async(session_store.close_session)(
                 self.session.session_id, f"shutdown: {action.reason}"
             )
+        if connected:
+            await self.adopt_undelivered()
         calls = self.session.in_flight_calls()
         if not calls:
             return

@@ -187,6 +187,8 @@ class Job(models.Model):
             models.Index(fields=("cancel_source", "-created_at"), name="job_cancel_created_idx"),
             # The admin's search by callId alone.
             models.Index(fields=("call_id",), name="job_call_id_idx"),
+            # The reaper: results settled but not sent (resumption.nudge_undelivered).
+            models.Index(fields=("delivered_at", "settled_at"), name="job_undelivered_idx"),
         )
 
     def __str__(self) -> str:

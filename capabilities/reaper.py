@@ -50,6 +50,7 @@ def reap() -> None:
         if jobs.fail_lost(job_id, last_seen=last_seen):
             logger.warning("Job %s lost its worker (last heartbeat %s)", job_id, last_seen)
     resumption.expire_abandoned()
+    resumption.nudge_undelivered()
 
 
 def end_overdue(job_id: str) -> None:

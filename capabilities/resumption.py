@@ -23,13 +23,22 @@ from django.db.models import F
 from django.utils import timezone
 
 from capabilities import jobs
-from capabilities.models import ACTIVE_STATUSES, AgentSession, CancelSource, Job
+from capabilities.models import (
+    ACTIVE_STATUSES,
+    SETTLED_STATUSES,
+    AgentSession,
+    CancelSource,
+    Job,
+)
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.ws_auth import Principal
 
 logger = logging.getLogger(__name__)
 
 BATCH = 200
+# A settled result no connection claimed after this long is announced again.
+NUDGE_AFTER = timedelta(seconds=2)
+NUDGE_WINDOW = timedelta(minutes=10)
 BATCH_UPDATE = 500
 EXPIRED_REASON = "expired: not resumed in time"
 
@@ -148,6 +157,31 @@ def keep_alive(session_ids: list[str]) -> None:
     for start in range(0, len(session_ids), BATCH_UPDATE):
         chunk = session_ids[start : start + BATCH_UPDATE]
         AgentSession.objects.filter(pk__in=chunk, closed_at=None).update(seen_at=now)
+
+
+def nudge_undelivered() -> int:
+    """Tell the holders of open sessions about results nobody sent for a while.
+
+    A safety net under the hand-over between a session's connections: a result
+    settled more than NUDGE_AFTER ago, not claimed, in a session a connection
+    holds, is announced to it again (job.returned); its claim still makes the
+    sending happen once. Returns how many were announced.
+    """
+    from capabilities.notifier import notify  # channels' layer loads lazily
+
+    now = timezone.now()
+    stray = Job.objects.filter(
+        delivered_at=None,
+        status__in=SETTLED_STATUSES,
+        settled_at__lt=now - NUDGE_AFTER,
+        settled_at__gt=now - NUDGE_AFTER - NUDGE_WINDOW,
+        session__closed_at=None,
+        session__detached_at=None,
+    ).values_list("id", "session_id")[:BATCH]
+    nudged = 0
+    for job_id, session_id in stray:
+        nudged += notify(str(session_id), {"type": "job.returned", "job_id": str(job_id)})
+    return nudged
 
 
 def expire_abandoned() -> int:

@@ -48,6 +48,15 @@ def find_job(session_id: str, job_id: str) -> Job | None:
     return Job.objects.filter(pk=job_id, session_id=uuid.UUID(session_id)).first()
 
 
+def undelivered_jobs(session_id: str) -> list[Job]:
+    """A session's calls not answered yet (in flight, or settled and not sent), oldest first."""
+    return list(
+        Job.objects.filter(session_id=uuid.UUID(session_id), delivered_at=None).order_by(
+            "created_at"
+        )
+    )
+
+
 def settled_response(job_id: str, base_url: str) -> dict[str, Any] | None:
     """The call-result of a settled job, or None if it is still active."""
     job = Job.objects.filter(pk=job_id).first()

@@ -11,8 +11,10 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 
 from capabilities import agent_keys, resumption
@@ -291,3 +293,44 @@ def test_calls_made_through_rapid_drops_are_each_answered_once(stack: Stack) -> 
         assert bool(cancel["cancelled"]) == bool(c4["payload"].get("cancelled"))
         for connection in session.connections:
             connection.close()
+
+
+def test_a_result_nobody_sent_reaches_the_connection_holding_the_session(agent: Agent) -> None:
+    """The reaper's safety net under the hand-over between a session's connections."""
+    settled = timezone.now() - timedelta(seconds=3)
+    Job.objects.create(
+        session_id=agent.session_id,
+        call_id="orphan",
+        request_id="r-orphan",
+        capability="test.sleep",
+        status=JobStatus.SUCCEEDED,
+        result={"echo": "found"},
+        settled_at=settled,
+        created_at=settled,
+    )
+    result = agent.wait_for(
+        lambda e: e["type"] == "capabilities/call-result" and e["id"] == "r-orphan"
+    )["payload"]
+    assert result["data"]["echo"] == "found"
+    assert len(call_results(agent, "orphan")) == 1
+    assert Job.objects.get(session_id=agent.session_id, call_id="orphan").delivered_at
+
+
+def test_a_shutdown_answers_calls_another_connection_of_the_session_created(
+    stack: Stack,
+) -> None:
+    agent, session_id, _ = dropped(stack)
+    # As if created by another connection of the session a moment ago.
+    Job.objects.create(
+        session_id=session_id,
+        call_id="elsewhere",
+        request_id="r-elsewhere",
+        capability="test.sleep",
+        deadline=timezone.now() + timedelta(minutes=1),
+    )
+    agent.send("shutdown", {})
+    assert agent.read_until_closed() == 1000
+    [result] = agent.results_for_call("elsewhere")
+    assert result["payload"]["cancelled"] is True
+    job = Job.objects.get(session_id=session_id, call_id="elsewhere")
+    assert job.cancel_source == CancelSource.SHUTDOWN
