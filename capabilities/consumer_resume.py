@@ -47,6 +47,7 @@ class ResumeMixin:
         def in_background(self, work: Coroutine[Any, Any, Any]) -> None: ...
         def time_out_at(self, call_id: str, delay: float) -> None: ...
         def stop_timers(self) -> None: ...
+        async def close(self, code: int | None = None, reason: str | None = None) -> None: ...
 
     async def resume_session(self, action: ResumeSession) -> None:
         """Take over a session: its calls in flight, and its results not yet delivered."""
@@ -147,14 +148,17 @@ class ResumeMixin:
     # -- a note from the connection that resumed this session (channel layer) ----------
 
     async def session_superseded(self, event: dict[str, Any]) -> None:
-        """Another connection resumed this session: hand it over without a word."""
+        """Another connection resumed this session: close, and hand it over."""
         if event["generation"] <= self.generation:
             return  # our own announcement, or an older one
         async with self.serial:
             self.superseded = True
             held_sessions.release(self.channel_name)
             self.stop_timers()
-            await self.perform(self.session.superseded())
+            # Frames this socket already brought in are still handled: the session is
+            # open, only this socket is not. A call the agent sent just before it
+            # resumed elsewhere is created, and its result goes to the new holder.
+            await self.close(code=4409)
 
     # -- a result another connection of this session could not send (channel layer) ----
 

@@ -181,12 +181,6 @@ class Session:
             return [Detach()]
         return [EndCalls(reason="connection closed", source="disconnect")]
 
-    def superseded(self) -> list[Action]:
-        """Another connection resumed this session: stop answering, close."""
-        self.state = SessionState.CLOSED
-        self._calls.clear()
-        return [Close(code=4409)]
-
     def revoked(self) -> list[Action]:
         """The connection's agent key was revoked: every in-flight call is cancelled."""
         was_open = self.state is SessionState.OPEN

@@ -246,7 +246,14 @@ def test_session_b_cannot_download_session_a_result(
     assert len(b_token) > 40
     # B's own link works; pointing it at A's job (any byte changed) does not.
     assert _status(b_url) == 200
-    for forged in (b_token[:-2] + "xx", a_token[:20] + b_token[20:], b_token[:20] + a_token[20:]):
+    # A token is payload:timestamp:signature. B's signature on A's payload, A's on
+    # B's, and B's token with its signature changed are all refused.
+    a_payload, a_signed = a_token.split(":", 1)
+    b_payload, b_signed = b_token.split(":", 1)
+    last = "A" if b_token[-1] != "A" else "B"
+    forgeries = {f"{a_payload}:{b_signed}", f"{b_payload}:{a_signed}", b_token[:-1] + last}
+    assert b_token not in forgeries
+    for forged in forgeries:
         assert _status(b_url.replace(b_token, forged)) == 403
 
 

@@ -716,12 +716,3 @@ def test_a_refused_resume_leaves_the_connection_free_to_initialize() -> None:
     assert_error(reply["payload"], "SESSION_EXPIRED")
     assert session.state is SessionState.NEW
     assert isinstance(session.receive(Initialize(id="fresh"))[0], OpenSession)
-
-
-def test_a_superseded_session_drops_its_calls_and_closes() -> None:
-    session = new_session(resumable=True)
-    session.receive(Initialize(id="init"))
-    start(session, "c1")
-    assert session.superseded() == [Close(code=4409)]
-    assert session.in_flight_calls() == []
-    assert session.receive(call("c2")) == []
