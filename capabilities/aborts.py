@@ -58,18 +58,14 @@ def request_abort(job_id: str) -> None:
 async def request_abort_async(job_id: str) -> None:
     """`request_abort` from an event loop (the consumer), without a thread hop."""
     client = redis_pool.client()
-    # Twice: after a Redis restart the first command meets a dead pooled connection.
-    for attempt in range(2):
+
+    async def raise_flag() -> None:
         pipe = client.pipeline(transaction=False)
         pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
         pipe.publish(settings.ABP["ABORT_CHANNEL"], job_id)
-        try:
-            await pipe.execute()
-        except redis.ConnectionError:
-            if attempt:
-                raise
-        else:
-            return
+        await pipe.execute()
+
+    await redis_pool.twice(raise_flag)
 
 
 def is_abort_requested(job_id: str) -> bool:

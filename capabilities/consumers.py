@@ -199,7 +199,7 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
                 await self.close(code=action.code)
 
     async def open_session(self, action: OpenSession) -> None:
-        origin = dict(self.scope.get("headers", [])).get(b"origin", b"").decode("latin-1")
+        origin = ws_auth.origin_of(self.scope)
         assert self.principal is not None
         await database_sync_to_async(session_store.open_session)(
             action.session_id,

@@ -10,9 +10,14 @@ command wait for a free connection instead, up to a timeout.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import redis
 import redis.asyncio
 from django.conf import settings
+
+T = TypeVar("T")
 
 # Connections one Daphne process keeps to Redis for flags and limits; commands take
 # well under a millisecond, so a burst queues briefly instead of opening hundreds.
@@ -36,3 +41,15 @@ def pool() -> redis.asyncio.BlockingConnectionPool:
 def client() -> redis.asyncio.Redis:
     """A client on this loop's pool."""
     return redis.asyncio.Redis(connection_pool=pool())
+
+
+async def twice(command: Callable[[], Awaitable[T]]) -> T:
+    """Run a Redis command, once more if it met a dead pooled connection.
+
+    After Redis restarts, the first command on each pooled connection fails
+    ("Connection closed by server") and the client then reconnects.
+    """
+    try:
+        return await command()
+    except redis.ConnectionError:
+        return await command()
