@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from capabilities.registry import CapabilitySpec
+from capabilities.registry import CapabilitySpec, SizeLimit
 from capabilities.schemas import binary_result
 
 
@@ -279,4 +279,7 @@ SPEC = CapabilitySpec(
     output_schema=OUTPUT_SCHEMA,
     runner="capabilities.images.run",
     warm_up="capabilities.images.warm_up",
+    size_limits=(SizeLimit(path=("image", "content"), setting="MAX_IMAGE_BYTES", base64=True),),
+    default_timeout_ms=60 * 1000,
+    max_timeout_ms=5 * 60 * 1000,
 )

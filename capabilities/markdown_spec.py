@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capabilities.registry import CapabilitySpec
+from capabilities.registry import CapabilitySpec, SizeLimit
 
 DESCRIPTION = (
     "Convert Markdown to an HTML fragment: Python-Markdown with its 'extra' set (tables, "
@@ -62,4 +62,7 @@ SPEC = CapabilitySpec(
     output_schema=OUTPUT_SCHEMA,
     runner="capabilities.markdown_html.run",
     warm_up="capabilities.markdown_html.warm_up",
+    size_limits=(SizeLimit(path=("markdown",), setting="MAX_MARKDOWN_BYTES"),),
+    default_timeout_ms=30 * 1000,
+    max_timeout_ms=2 * 60 * 1000,
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capabilities.registry import CapabilitySpec
+from capabilities.registry import CapabilitySpec, SizeLimit
 from capabilities.schemas import binary_result
 
 DESCRIPTION = (
@@ -84,4 +84,10 @@ SPEC = CapabilitySpec(
     output_schema=OUTPUT_SCHEMA,
     runner="capabilities.pdf.run",
     warm_up="capabilities.pdf.warm_up",
+    size_limits=(
+        SizeLimit(path=("html",), setting="MAX_HTML_BYTES"),
+        SizeLimit(path=("content",), setting="MAX_HTML_BYTES"),
+    ),
+    default_timeout_ms=2 * 60 * 1000,
+    max_timeout_ms=15 * 60 * 1000,
 )

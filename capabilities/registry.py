@@ -1,12 +1,14 @@
-"""The one list of what agents may call: names, JSON Schemas, runners.
+"""The one list of what agents may call: names, JSON Schemas, limits, runners.
 
 `initialize-result.capabilities`, the manifest and param validation all read it.
-Runners are dotted paths imported only where they run (the worker), so the web
-process never loads WeasyPrint or Pillow.
+Every size limit is checked here, on the consumer side, before a job row is written
+or a task queued. Runners are dotted paths imported only where they run (the
+worker), so the web process never loads WeasyPrint or Pillow.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from importlib import import_module
@@ -19,6 +21,8 @@ from jsonschema.exceptions import ValidationError
 
 from capabilities.context import Runner
 from capabilities.protocol import ErrorCode, WireError
+from capabilities.protocol.text import unstorable
+from capabilities.schema_patterns import PatternValidator
 
 # Dotted paths of the product's CapabilitySpec objects.
 PRODUCT_CAPABILITY_SPECS = (
@@ -26,6 +30,67 @@ PRODUCT_CAPABILITY_SPECS = (
     "capabilities.images_spec.SPEC",
     "capabilities.markdown_spec.SPEC",
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SizeLimit:
+    """The largest a string parameter may be: `settings.ABP[setting]` bytes.
+
+    `path` leads through the params' objects to the string. With `base64`, the
+    setting bounds the decoded bytes; the text may then be 4/3 of it, plus line breaks.
+    """
+
+    path: tuple[str, ...]
+    setting: str
+    base64: bool = False
+
+    @property
+    def where(self) -> str:
+        """The parameter's path as errors name it."""
+        return ".".join(("params", *self.path))
+
+    def max_bytes(self) -> int:
+        """The setting's value."""
+        return int(settings.ABP[self.setting])
+
+    def max_length(self) -> int:
+        """The most characters the parameter may have (the schema's maxLength)."""
+        limit = self.max_bytes()
+        if not self.base64:
+            return limit
+        characters = 4 * -(-limit // 3)
+        return characters + 2 * (characters // 76 + 1)  # MIME's CRLF every 76
+
+    def check(self, params: dict[str, Any]) -> WireError | None:
+        """INVALID_PARAMS if the parameter is over the limit; None otherwise or if absent."""
+        value: Any = params
+        for key in self.path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(value, str):
+            return None
+        limit = self.max_bytes()
+        # A character is 1 to 4 bytes in UTF-8: encode only when the length can't tell.
+        over = len(value) > self.max_length() or (
+            not self.base64
+            and len(value) * 4 > limit
+            and len(value.encode("utf-8", "surrogatepass")) > limit
+        )
+        if not over:
+            return None
+        what = "decoded bytes" if self.base64 else "bytes (UTF-8)"
+        return WireError(
+            code=ErrorCode.INVALID_PARAMS,
+            message=f"'{self.where}' is larger than {limit} {what}.",
+            details={"path": self.where, "rule": "maxLength", "limit": limit},
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """A call's timeout when it gives none, and the longest it may ask for (ms)."""
+
+    default_ms: int
+    max_ms: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,23 +104,53 @@ class CapabilitySpec:
     runner: str
     # Optional: a function the worker calls once before forking (imports, caches).
     warm_up: str | None = None
+    # String parameters bounded by a setting; the manifest shows them as maxLength.
+    size_limits: tuple[SizeLimit, ...] = ()
+    # Unset: settings.ABP's DEFAULT_TIMEOUT_MS / MAX_TIMEOUT_MS, which also cap these.
+    default_timeout_ms: int | None = None
+    max_timeout_ms: int | None = None
 
     def describe(self) -> dict[str, Any]:
         """The manifest entry."""
+        timeouts = self.timeouts()
         return {
             "name": self.name,
             "description": self.description,
-            "inputSchema": self.input_schema,
+            "inputSchema": self.schema(),
             "outputSchema": self.output_schema,
+            "timeout": {"defaultMs": timeouts.default_ms, "maxMs": timeouts.max_ms},
         }
 
+    def schema(self) -> dict[str, Any]:
+        """The input schema, with each size limit as the maxLength of its parameter."""
+        return _schema_with_limits(self.name, self._limit_lengths())
+
+    def timeouts(self) -> Timeouts:
+        """This capability's timeouts, within the server's maximum."""
+        abp = settings.ABP
+        ceiling = int(abp["MAX_TIMEOUT_MS"])
+        max_ms = min(self.max_timeout_ms or ceiling, ceiling)
+        default_ms = min(self.default_timeout_ms or int(abp["DEFAULT_TIMEOUT_MS"]), max_ms)
+        return Timeouts(default_ms=default_ms, max_ms=max_ms)
+
     def validate(self, params: dict[str, Any]) -> WireError | None:
-        """Check params against the input schema; the first problem, coded, or None."""
-        validator = _validator(self.name)
+        """Check params before anything is stored; the first problem, coded, or None.
+
+        Sizes first (cheap, and a huge value is never handed to the schema), then
+        text no store can hold, then the JSON Schema.
+        """
+        for limit in self.size_limits:
+            error = limit.check(params)
+            if error is not None:
+                return error
+        error = _unstorable_text(params)
+        if error is not None:
+            return error
+        validator = _validator(self.name, self._limit_lengths())
         if validator.is_valid(params):  # the common case: skip collecting errors
             return None
-        error = _best_error(validator, params)
-        return None if error is None else _wire_error(error)
+        best = _best_error(validator, params)
+        return None if best is None else _wire_error(best)
 
     def load_runner(self) -> Runner:
         """Import the runner (in the worker)."""
@@ -67,14 +162,56 @@ class CapabilitySpec:
         if self.warm_up is not None:
             import_string(self.warm_up)()
 
+    def _limit_lengths(self) -> tuple[int, ...]:
+        return tuple(limit.max_length() for limit in self.size_limits)
+
+
+def _unstorable_text(params: dict[str, Any]) -> WireError | None:
+    """INVALID_PARAMS for the first key or string no store can hold (NUL, lone surrogate)."""
+    # Iterative: params may nest as deep as the JSON parser allowed.
+    pending: list[tuple[str, Any]] = [("params", params)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, str):
+            problem = unstorable(value)
+        elif isinstance(value, dict):
+            problem = next(filter(None, (unstorable(str(key)) for key in value)), None)
+            pending.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            problem = None
+            pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+        else:
+            problem = None
+        if problem is not None:
+            where = _shorten(path, 100)
+            return WireError(
+                code=ErrorCode.INVALID_PARAMS,
+                message=f"'{where}' must not contain {problem}.",
+                details={"path": where, "rule": "storableText"},
+            )
+    return None
+
 
 @functools.cache
-def _validator(name: str) -> Draft202012Validator:
-    # Keyed by name: specs are immutable and loaded once per process.
+def _schema_with_limits(name: str, lengths: tuple[int, ...]) -> dict[str, Any]:
+    # Keyed by the limits' values too: settings can change them (tests do).
     spec = get(name)
     if spec is None:
         raise LookupError(name)
-    return Draft202012Validator(spec.input_schema)
+    schema = copy.deepcopy(spec.input_schema)
+    for limit, length in zip(spec.size_limits, lengths, strict=True):
+        node = schema
+        for key in limit.path:
+            node = node["properties"][key]
+        node["maxLength"] = length
+    return schema
+
+
+@functools.cache
+def _validator(name: str, lengths: tuple[int, ...]) -> Draft202012Validator:
+    # Keyed by name: specs are immutable and loaded once per process.
+    validator: Draft202012Validator = PatternValidator(_schema_with_limits(name, lengths))
+    return validator
 
 
 def _best_error(validator: Draft202012Validator, params: dict[str, Any]) -> ValidationError | None:

@@ -132,7 +132,7 @@ class Session:
         app: dict[str, Any],
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         max_concurrent_calls: int | None = None,
-        max_timeout_ms: int | None = None,
+        max_timeout_ms: Callable[[str], int] | None = None,
         resumable: bool = False,
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
     ) -> None:
@@ -269,11 +269,15 @@ class Session:
             )
             return [Send(text=replies.call_error(message.id, call_id, error))]
         timeout_ms = message.options.timeout_ms
-        if self._max_timeout_ms is not None and (timeout_ms or 0) > self._max_timeout_ms:
+        max_timeout_ms = (
+            None if self._max_timeout_ms is None else self._max_timeout_ms(message.capability)
+        )
+        if max_timeout_ms is not None and (timeout_ms or 0) > max_timeout_ms:
             error = WireError(
                 code=ErrorCode.INVALID_PARAMS,
-                message=f"options.timeout may be at most {self._max_timeout_ms} ms.",
-                details={"path": "payload.options.timeout", "max": self._max_timeout_ms},
+                message=f"options.timeout may be at most {max_timeout_ms} ms "
+                f"for {message.capability}.",
+                details={"path": "payload.options.timeout", "max": max_timeout_ms},
             )
             return [Send(text=replies.call_error(message.id, call_id, error))]
         if self._max_calls is not None and len(self._calls) >= self._max_calls:

@@ -32,6 +32,7 @@ from capabilities.protocol import (
 )
 from capabilities.protocol.codec import _DECODERS, MAX_ID_LENGTH
 from capabilities.protocol.errors import RETRYABLE_CODES
+from capabilities.protocol.text import unstorable
 
 FUZZ = settings(
     max_examples=300,
@@ -127,6 +128,14 @@ def test_initialize_payload_null_is_an_empty_payload() -> None:
             {"resume": {"sessionId": 1, "token": "t"}},
             ErrorCode.INVALID_TYPE,
             "payload.resume.sessionId",
+        ),
+        # Text no store can hold (PostgreSQL refuses NUL; UTF-8 has no lone surrogate).
+        ({"agent": {"name": "a\x00b"}}, ErrorCode.INVALID_PARAMS, "payload.agent.name"),
+        ({"agent": {"version": "\ud800"}}, ErrorCode.INVALID_PARAMS, "payload.agent.version"),
+        (
+            {"resume": {"sessionId": "s", "token": "t\x00"}},
+            ErrorCode.INVALID_PARAMS,
+            "payload.resume.token",
         ),
     ],
 )
@@ -262,6 +271,14 @@ def test_call_progress_token_string_or_int(token: str | int) -> None:
         ({"callId": "c" * 201}, ErrorCode.INVALID_PARAMS, "payload.callId"),
         ({"callId": 5}, ErrorCode.INVALID_TYPE, "payload.callId"),
         ({"callId": {"id": "c"}}, ErrorCode.INVALID_TYPE, "payload.callId"),
+        ({"options": {"callId": "a\x00"}}, ErrorCode.INVALID_PARAMS, "payload.options.callId"),
+        ({"callId": "\udc00"}, ErrorCode.INVALID_PARAMS, "payload.callId"),
+        (
+            {"options": {"progressToken": "p\x00"}},
+            ErrorCode.INVALID_TYPE,
+            "payload.options.progressToken",
+        ),
+        ({"capability": "export.pdf\x00"}, ErrorCode.INVALID_PARAMS, "payload.capability"),
     ],
 )
 def test_call_rejections(payload: dict[str, Any], code: ErrorCode, path: str) -> None:
@@ -275,6 +292,12 @@ def test_call_without_capability_is_missing_param() -> None:
     error = rejected(frame("capabilities/call", {"params": {}}))
     assert error.code == ErrorCode.MISSING_PARAM
     assert error.error.details == {"path": "payload.capability"}
+
+
+def test_an_id_with_a_nul_is_not_read() -> None:
+    error = rejected(json.dumps({"type": "shutdown", "id": "a\x00b"}))
+    assert error.code == ErrorCode.PARSE_ERROR
+    assert error.request_id is None
 
 
 def test_call_id_at_the_limits() -> None:
@@ -683,7 +706,7 @@ def test_fuzz_json_values(value: Any) -> None:
 
 def expected_id(message_id: Any) -> str | None:
     if isinstance(message_id, str) and 0 < len(message_id) <= MAX_ID_LENGTH:
-        return message_id
+        return None if unstorable(message_id) else message_id
     if isinstance(message_id, int) and not isinstance(message_id, bool):
         return str(message_id) if len(str(message_id)) <= MAX_ID_LENGTH else None
     return None

@@ -636,7 +636,7 @@ def limited_session(
         app=dict(APP),
         new_id=counter(),
         max_concurrent_calls=max_concurrent_calls,
-        max_timeout_ms=max_timeout_ms,
+        max_timeout_ms=None if max_timeout_ms is None else lambda _name: max_timeout_ms,
     )
     session.receive(Initialize(id="init", features=Features()))
     return session
@@ -664,6 +664,21 @@ def test_a_timeout_over_the_maximum_is_invalid_params() -> None:
     error = sent(session.receive(call("long", timeout_ms=1001)))["payload"]["error"]
     assert error["code"] == "INVALID_PARAMS"
     assert error["details"] == {"path": "payload.options.timeout", "max": 1000}
+
+
+def test_the_timeout_maximum_is_the_capability_s_own() -> None:
+    limits = {NAMES[0]: 1000, NAMES[1]: 5000}
+    session = Session(
+        capability_names=lambda: list(NAMES),
+        app=dict(APP),
+        new_id=counter(),
+        max_timeout_ms=limits.__getitem__,
+    )
+    session.receive(Initialize(id="init", features=Features()))
+    [start] = session.receive(call("slow", capability=NAMES[1], timeout_ms=5000))
+    assert isinstance(start, StartCall)
+    error = sent(session.receive(call("fast", capability=NAMES[0], timeout_ms=5000)))
+    assert error["payload"]["error"]["details"]["max"] == 1000
 
 
 def test_revoking_an_open_session_ends_its_calls_as_an_operator() -> None:

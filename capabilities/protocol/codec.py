@@ -27,6 +27,7 @@ from capabilities.protocol.messages import (
     ResumeRequest,
     Shutdown,
 )
+from capabilities.protocol.text import unstorable
 
 MAX_ID_LENGTH = 200
 
@@ -75,7 +76,7 @@ def _decode_envelope(raw: dict[str, JSON]) -> Message:
     if readable_id is None:
         raise ProtocolError(
             ErrorCode.PARSE_ERROR,
-            "Envelope needs an 'id': a non-empty string or a number.",
+            "Envelope needs an 'id': a non-empty string (no NUL, no lone surrogate) or a number.",
             request_type=readable_type,
         )
     timestamp = raw.get("timestamp")
@@ -111,7 +112,7 @@ def _decode_envelope(raw: dict[str, JSON]) -> Message:
 
 
 def _readable_id(value: JSON) -> str | None:
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH:
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and not unstorable(value):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         text = str(value)
@@ -162,6 +163,9 @@ class _PayloadReader:
             return None
         if not isinstance(value, str):
             raise self.fail(ErrorCode.INVALID_TYPE, f"'{path}' must be a string.", path)
+        problem = unstorable(value)
+        if problem is not None:
+            raise self.fail(ErrorCode.INVALID_PARAMS, f"'{path}' must not contain {problem}.", path)
         return value
 
     def boolean(self, data: dict[str, JSON], key: str, path: str) -> bool:
@@ -226,11 +230,15 @@ def _decode_call(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -
         timeout_ms = max(1, int(timeout))
     token = options.get("progressToken")
     if token is not None and (
-        isinstance(token, bool) or not isinstance(token, str | int) or len(str(token)) > 200
+        isinstance(token, bool)
+        or not isinstance(token, str | int)
+        or len(str(token)) > 200
+        or (isinstance(token, str) and unstorable(token))
     ):
         raise r.fail(
             ErrorCode.INVALID_TYPE,
-            "'payload.options.progressToken' must be a string or an integer.",
+            "'payload.options.progressToken' must be a string (no NUL, no lone surrogate) "
+            "or an integer.",
             "payload.options.progressToken",
         )
     # callId may sit in options (the spec's CallParams) or at the top of the payload.
