@@ -303,6 +303,18 @@ ABP: dict[str, Any] = {
     "URL_FETCH_ALLOWED_HOSTS": _env_list("ABP_URL_FETCH_ALLOWED_HOSTS"),
     "URL_FETCH_TIMEOUT_SECONDS": _env_float("ABP_URL_FETCH_TIMEOUT_SECONDS", 5.0),
     "URL_FETCH_MAX_BYTES": _env_int("ABP_URL_FETCH_MAX_BYTES", 5 * 1024 * 1024),
+    # export.pdf: largest font a document may load, by the size its header declares
+    # once decompressed (WOFF/WOFF2 totalSfntSize and table lengths), checked before
+    # anything is decompressed.
+    "MAX_FONT_BYTES": _env_int("ABP_MAX_FONT_BYTES", 8 * 1024 * 1024),
+    # export.pdf: what all of one document's resources (data: URLs and fetched ones)
+    # may become in memory together: fonts by declared size, images by decoded pixels
+    # (4 bytes each), anything else by its length.
+    "MAX_PDF_RESOURCE_BYTES": _env_int("ABP_MAX_PDF_RESOURCE_BYTES", 128 * 1024 * 1024),
+    # export.pdf: most elements after parsing, and deepest nesting; checked before
+    # styling and layout, which cost far more per element than parsing.
+    "MAX_PDF_ELEMENTS": _env_int("ABP_MAX_PDF_ELEMENTS", 50_000),
+    "MAX_PDF_DEPTH": _env_int("ABP_MAX_PDF_DEPTH", 128),
     # convert.markdownToHtml: largest Markdown input (UTF-8 bytes).
     "MAX_MARKDOWN_BYTES": _env_int("ABP_MAX_MARKDOWN_BYTES", 1024 * 1024),
     # process.image: largest input image (decoded bytes).
@@ -314,6 +326,26 @@ ABP: dict[str, Any] = {
     "MAX_IMAGE_DIMENSION": _env_int("ABP_MAX_IMAGE_DIMENSION", 16384),
     # process.image: largest encoded output (bytes).
     "MAX_IMAGE_OUTPUT_BYTES": _env_int("ABP_MAX_IMAGE_OUTPUT_BYTES", 50 * 1024 * 1024),
+    # Address space (RLIMIT_AS) of each worker child, in MiB; 0: no limit. A job that
+    # needs more fails cleanly (OPERATION_FAILED, or WORKER_LOST if a library aborts)
+    # and the child is replaced, instead of the host running out of memory.
+    "WORKER_MEMORY_LIMIT_MB": _env_int("ABP_WORKER_MEMORY_LIMIT_MB", 2048),
+    # Proxies (addresses or networks, comma-separated) whose X-Forwarded-For and
+    # X-Forwarded-Proto are believed; the client address is the nearest one they name
+    # that is not itself a trusted proxy. Empty: the headers are ignored.
+    "TRUSTED_PROXIES": _env_list("ABP_TRUSTED_PROXIES"),
+    # Calls in flight at once per agent key (or per client address for page tokens
+    # and anonymous clients), across all its sessions; and open sessions per same.
+    "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": _env_int("ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL", 32),
+    "MAX_OPEN_SESSIONS_PER_PRINCIPAL": _env_int("ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL", 16),
+    # Page tokens are handed to anyone who loads a page, so they get a smaller budget:
+    # calls in flight per client address, calls per minute, the largest call (bytes
+    # of its JSON params), the longest timeout, and which capabilities (empty: all).
+    "PAGE_TOKEN_MAX_CONCURRENT_CALLS": _env_int("ABP_PAGE_TOKEN_MAX_CONCURRENT_CALLS", 4),
+    "PAGE_TOKEN_CALLS_PER_MINUTE": _env_int("ABP_PAGE_TOKEN_CALLS_PER_MINUTE", 30),
+    "PAGE_TOKEN_MAX_PARAMS_BYTES": _env_int("ABP_PAGE_TOKEN_MAX_PARAMS_BYTES", 1024 * 1024),
+    "PAGE_TOKEN_MAX_TIMEOUT_MS": _env_int("ABP_PAGE_TOKEN_MAX_TIMEOUT_MS", 2 * 60 * 1000),
+    "PAGE_TOKEN_CAPABILITIES": _env_list("ABP_PAGE_TOKEN_CAPABILITIES"),
     # Dotted paths of extra CapabilitySpec objects (test settings add a test-only one).
     "EXTRA_CAPABILITIES": [],
 }

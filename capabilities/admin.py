@@ -200,7 +200,7 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description="params")
     def params_summary(self, job: Job) -> SafeString:
-        return display.json_block(display.summarize(job.params))
+        return display.json_block(display.summarize(job.params, job.spilled))
 
     @admin.display(description="result")
     def result_summary(self, job: Job) -> SafeString:

@@ -123,12 +123,18 @@ def timeline(job: Job) -> SafeString:
     return format_html("<table>{}</table>", cells)
 
 
-def summarize(value: Any) -> Any:
-    """The value with long strings replaced by their size (never dump base64)."""
+def summarize(value: Any, spilled: dict[str, Any] | None = None) -> Any:
+    """The value with long strings replaced by their size (never dump base64).
+
+    `spilled`: the job's parameters kept in storage (`Job.spilled`), shown by size.
+    """
     if isinstance(value, dict):
-        if value.get("$spilled"):
-            return {**value, "$spilled": f"<{value.get('length', '?')} characters in storage>"}
-        return {key: summarize(item) for key, item in value.items()}
+        summary = {key: summarize(item) for key, item in value.items()}
+        for key, entry in (spilled or {}).items():
+            if isinstance(summary.get(key), dict):
+                length = entry.get("length", "?")
+                summary[key] = {**summary[key], "content": f"<{length} characters in storage>"}
+        return summary
     if isinstance(value, list):
         return [summarize(item) for item in value]
     if isinstance(value, str) and len(value) > LONG_STRING:

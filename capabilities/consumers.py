@@ -21,6 +21,7 @@ from django.conf import settings
 
 from capabilities import (
     aborts,
+    budgets,
     held_sessions,
     jobs,
     rate_limits,
@@ -76,6 +77,12 @@ def _base_url_of(scope: dict[str, Any]) -> str:
 
 def _capability_names() -> list[str]:
     return [spec.name for spec in registry.all_specs()]
+
+
+def _timeouts(name: str) -> registry.Timeouts:
+    spec = registry.get(name)
+    assert spec is not None  # the session checks the name first
+    return spec.timeouts()
 
 
 class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ignore[misc]
@@ -135,7 +142,7 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             capability_names=_capability_names,
             app=app_info(),
             max_concurrent_calls=principal.max_concurrent_calls,
-            max_timeout_ms=settings.ABP["MAX_TIMEOUT_MS"],
+            max_timeout_ms=lambda name: principal.max_timeout_ms(_timeouts(name).max_ms),
             resumable=resumption.grace().total_seconds() > 0,
         )
         await self.accept(subprotocol=ws_auth.selected_subprotocol(self.scope))
@@ -184,7 +191,8 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             if isinstance(action, Send):
                 await self.send(text_data=action.text)
             elif isinstance(action, OpenSession):
-                await self.open_session(action)
+                if not await self.open_session(action):
+                    return  # refused, and told why: the session's reply is not sent
             elif isinstance(action, ResumeSession):
                 await self.resume_session(action)
             elif isinstance(action, Detach):
@@ -198,29 +206,46 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             elif isinstance(action, Close):
                 await self.close(code=action.code)
 
-    async def open_session(self, action: OpenSession) -> None:
+    async def open_session(self, action: OpenSession) -> bool:
+        """Record the session; False if over the principal's sessions (then closed)."""
         origin = ws_auth.origin_of(self.scope)
         assert self.principal is not None
-        await database_sync_to_async(session_store.open_session)(
-            action.session_id,
-            action.message,
-            origin=origin,
-            principal=self.principal,
-            resume_token=action.resume_token,
-        )
+        try:
+            await database_sync_to_async(budgets.open_session)(
+                self.principal,
+                action.session_id,
+                action.message,
+                origin=origin,
+                resume_token=action.resume_token,
+            )
+        except budgets.OverBudget as over:
+            await self.send(
+                text_data=replies.error_for("initialize", action.message.id, over.error)
+            )
+            await self.close(code=ws_auth.TOO_MANY_SESSIONS_CLOSE_CODE)
+            self.principal = None  # frames already on their way are dropped
+            return False
         self.group = session_group(action.session_id)
         await self.layer.group_add(self.group, self.channel_name)
         held_sessions.hold(self.channel_name, action.session_id)
+        return True
 
     async def start_call(self, action: StartCall) -> None:
         spec = registry.get(action.capability)
         assert spec is not None  # the session checked the name
-        error = await self.over_rate_limit() or spec.validate(action.params)
+        assert self.principal is not None
+        error = (
+            budgets.call_refusal(self.principal, action.capability, action.params)
+            or await self.over_rate_limit()
+            or spec.validate(action.params)
+        )
         if error is not None:
             await self.send(text_data=replies.call_error(action.request_id, action.call_id, error))
             return
         try:
-            job = await self.create_job(action)
+            job = await self.create_job(action, spec.timeouts())
+        except budgets.OverBudget as over:
+            error = over.error
         except CallIdInUse:
             error = WireError(
                 code=ErrorCode.INVALID_PARAMS,
@@ -251,15 +276,18 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             details={"limit": "callsPerMinute", "max": per_minute},
         )
 
-    async def create_job(self, action: StartCall) -> Job:
+    async def create_job(self, action: StartCall, timeouts: registry.Timeouts) -> Job:
         """Record the call and enqueue its task (in Django's sync thread)."""
-        job: Job = await database_sync_to_async(jobs.create_job)(
+        assert self.principal is not None
+        default_ms = min(timeouts.default_ms, self.principal.max_timeout_ms(timeouts.max_ms))
+        job: Job = await database_sync_to_async(budgets.create_job)(
+            self.principal,
             session_id=self.session.session_id,
             call_id=action.call_id,
             request_id=action.request_id,
             capability=action.capability,
             params=action.params,
-            timeout_ms=action.timeout_ms,
+            timeout_ms=action.timeout_ms or default_ms,
             progress_token=action.progress_token,
             notify_started=self.session.features.notifications,
         )

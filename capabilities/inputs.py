@@ -3,8 +3,9 @@
 An image sent as base64 is megabytes of text: stored in the row it cost about 67 ms
 to insert and 13 ms to read back for a 12 MP photo (SQLite), and it bloated every
 query on the table. A `{content: <base64>, ...}` parameter over SPILL_BYTES is
-written to storage as it came, the row keeps a reference, and the worker puts the
-text back before the runner sees the parameters: runners never know.
+written to storage as it came; the row keeps `content: null` in the params and the
+file's name in a column of its own (`Job.spilled`), which agents cannot write. The
+worker puts the text back before the runner sees the parameters: runners never know.
 """
 
 from __future__ import annotations
@@ -16,37 +17,51 @@ from django.core.files.storage import default_storage
 
 INPUTS_DIR = "inputs"
 SPILL_BYTES = 64 * 1024
-SPILLED_KEY = "$spilled"
+
+# The parameter's name -> {"name": file name in storage, "length": characters}.
+Spilled = dict[str, dict[str, Any]]
 
 
-def spill(job_id: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The params to store in the row, large contents moved to storage."""
+def spill(job_id: str, params: dict[str, Any]) -> tuple[dict[str, Any], Spilled]:
+    """The params to store in the row, large contents moved to storage, and where."""
     stored = dict(params)
+    spilled: Spilled = {}
     for key, value in params.items():
         content = value.get("content") if isinstance(value, dict) else None
         if isinstance(content, str) and len(content) > SPILL_BYTES:
             name = default_storage.save(
-                f"{INPUTS_DIR}/{job_id}/{key}.txt",
+                f"{_folder(job_id)}{key}.txt",
                 ContentFile(content.encode("utf-8", "surrogatepass")),
             )
-            stored[key] = {**value, "content": None, SPILLED_KEY: name, "length": len(content)}
-    return stored
+            stored[key] = {**value, "content": None}
+            spilled[key] = {"name": name, "length": len(content)}
+    return stored, spilled
 
 
-def restore(params: dict[str, Any]) -> dict[str, Any]:
+def restore(job_id: str, params: dict[str, Any], spilled: Spilled) -> dict[str, Any]:
     """The params as the agent sent them."""
     restored = dict(params)
-    for key, value in params.items():
-        if isinstance(value, dict) and SPILLED_KEY in value:
-            with default_storage.open(value[SPILLED_KEY], "rb") as handle:
-                text = handle.read().decode("utf-8", "surrogatepass")
-            original = {k: v for k, v in value.items() if k not in (SPILLED_KEY, "length")}
-            restored[key] = {**original, "content": text}
+    for key, name in _names(job_id, spilled):
+        with default_storage.open(name, "rb") as handle:
+            text = handle.read().decode("utf-8", "surrogatepass")
+        restored[key] = {**params[key], "content": text}
     return restored
 
 
-def discard(params: dict[str, Any]) -> None:
+def discard(job_id: str, spilled: Spilled) -> None:
     """Delete a job's spilled inputs (once its work is over)."""
-    for value in params.values():
-        if isinstance(value, dict) and SPILLED_KEY in value:
-            default_storage.delete(value[SPILLED_KEY])
+    for _, name in _names(job_id, spilled):
+        default_storage.delete(name)
+
+
+def _folder(job_id: str) -> str:
+    return f"{INPUTS_DIR}/{job_id}/"
+
+
+def _names(job_id: str, spilled: Spilled) -> list[tuple[str, str]]:
+    """Each spilled parameter's file, refusing any outside this job's own folder."""
+    names = [(key, str(entry["name"])) for key, entry in spilled.items()]
+    for _, name in names:
+        if not name.startswith(_folder(job_id)) or ".." in name:
+            raise ValueError(f"spilled input {name!r} is not in job {job_id}'s folder")
+    return names

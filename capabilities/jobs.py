@@ -80,6 +80,7 @@ def create_job(
     timeout_ms: int | None,
     progress_token: str | int | None,
     notify_started: bool = False,
+    principal: str = "",
 ) -> Job:
     """Record a call and enqueue its task once the row is committed."""
     timeout_ms = min(
@@ -87,13 +88,16 @@ def create_job(
     )
     now = timezone.now()
     job_id = uuid.uuid4()
+    stored_params, spilled = inputs.spill(str(job_id), params)
     job = Job(
         id=job_id,
         session_id=session_id,
         call_id=call_id,
         request_id=request_id,
         capability=capability,
-        params=inputs.spill(str(job_id), params),
+        params=stored_params,
+        spilled=spilled,
+        principal=principal,
         progress_token=progress_token,
         notify_started=notify_started,
         created_at=now,

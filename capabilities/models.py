@@ -94,6 +94,9 @@ class AgentSession(models.Model):
     # How the connection authenticated: key, page (a page token) or anonymous.
     auth = models.CharField(max_length=10, blank=True)
     client_address = models.CharField(max_length=100, blank=True)
+    # Whose budgets the session spends (ws_auth.Principal.rate_limit_id): a key, or
+    # the client address of page-token and anonymous connections.
+    principal = models.CharField(max_length=120, blank=True)
     connected_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
     close_reason = models.CharField(max_length=300, blank=True)
@@ -113,6 +116,8 @@ class AgentSession(models.Model):
             models.Index(fields=("-connected_at",), name="session_connected_idx"),
             # The reaper: open sessions nobody has held for the grace period.
             models.Index(fields=("closed_at", "seen_at"), name="session_open_seen_idx"),
+            # Open sessions per principal (MAX_OPEN_SESSIONS_PER_PRINCIPAL).
+            models.Index(fields=("principal", "closed_at"), name="session_principal_open_idx"),
         )
 
     def __str__(self) -> str:
@@ -138,6 +143,11 @@ class Job(models.Model):
     request_id = models.CharField(max_length=200, blank=True)
     capability = models.CharField(max_length=100)
     params = models.JSONField(default=dict)
+    # Parameters kept in storage instead of the row (capabilities.inputs): the
+    # parameter's name -> its file. Never agent data, so agents cannot name a file.
+    spilled = models.JSONField(default=dict, blank=True)
+    # Copied from the session: calls in flight per principal are counted on it.
+    principal = models.CharField(max_length=120, blank=True)
     progress_token = models.JSONField(null=True, blank=True)
     # The agent asked for notifications: the worker announces the start.
     notify_started = models.BooleanField(default=False)
@@ -189,6 +199,8 @@ class Job(models.Model):
             models.Index(fields=("call_id",), name="job_call_id_idx"),
             # The reaper: results settled but not sent (resumption.nudge_undelivered).
             models.Index(fields=("delivered_at", "settled_at"), name="job_undelivered_idx"),
+            # Calls in flight per principal (MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL).
+            models.Index(fields=("principal", "status"), name="job_principal_status_idx"),
         )
 
     def __str__(self) -> str:

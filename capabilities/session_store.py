@@ -32,6 +32,7 @@ def open_session(
         agent_key=principal.key,
         auth=principal.kind,
         client_address=principal.client_address[:100],
+        principal=principal.rate_limit_id[:120],
         resume_hash=resumption.token_hash(resume_token),
     )
 

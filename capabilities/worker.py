@@ -30,6 +30,7 @@ WORKER_FIELDS = (
     "call_id",
     "capability",
     "params",
+    "spilled",
     "progress_token",
     "notify_started",
     "created_at",
@@ -124,7 +125,7 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
     except SoftTimeLimitExceeded:
         outcome = jobs.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
     finally:
-        inputs.discard(job.params)
+        inputs.discard(job_id, job.spilled)
     if jobs.settle(job_id, outcome, work_stopped=True):
         note: dict[str, Any] = {"type": "job.settled", "call_id": job.call_id}
         response = results.inline_response(job, outcome)
@@ -143,7 +144,7 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
             WireError(code=ErrorCode.UNKNOWN_CAPABILITY, message="Capability no longer exists.")
         )
     runner = spec.load_runner()
-    params = inputs.restore(job.params)
+    params = inputs.restore(str(job.id), job.params, job.spilled)
     try:
         data = interrupter.run(lambda: runner(params, context))
     except CapabilityError as exc:

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from capabilities import agent_keys, page_tokens
 from capabilities.models import AgentKey
+from capabilities.protocol.text import unstorable
 
 SUBPROTOCOL = "abp"
 BEARER_SUBPROTOCOL = "abp.bearer."
@@ -29,6 +30,8 @@ CLOSE_CODES = {
     "key-revoked": 4403,
     "expired-credentials": 4419,
 }
+# Closed after an initialize refused for too many open sessions (RATE_LIMITED).
+TOO_MANY_SESSIONS_CLOSE_CODE = 4429
 REFUSAL_MESSAGES = {
     "missing-credentials": "An agent key is required (Authorization: Bearer, a subprotocol "
     "abp.bearer.<key>, or ?access_token=).",
@@ -48,7 +51,10 @@ class Refused(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class Principal:
-    """Who is on the other end, and the limits that apply to them."""
+    """Who is on the other end, and the limits that apply to them.
+
+    Page tokens go to anyone who loads a page, so their budget is the smallest.
+    """
 
     kind: Literal["key", "page", "anonymous"]
     key: AgentKey | None
@@ -56,7 +62,7 @@ class Principal:
 
     @property
     def rate_limit_id(self) -> str:
-        """Whose calls-per-minute budget this connection spends."""
+        """Whose budgets this connection spends: calls per minute, calls in flight, sessions."""
         if self.key is not None:
             return f"key:{self.key.prefix}"
         # Page tokens are free to anyone who loads a page: budget per address.
@@ -66,13 +72,44 @@ class Principal:
     def max_concurrent_calls(self) -> int:
         """Calls in flight at once in one session."""
         own = self.key.max_concurrent_calls if self.key is not None else None
-        return int(own if own is not None else settings.ABP["MAX_CONCURRENT_CALLS"])
+        limit = int(own if own is not None else settings.ABP["MAX_CONCURRENT_CALLS"])
+        return min(limit, self.max_calls_in_flight)
+
+    @property
+    def max_calls_in_flight(self) -> int:
+        """Calls in flight at once across all of this principal's sessions."""
+        if self.kind == "page":
+            return int(settings.ABP["PAGE_TOKEN_MAX_CONCURRENT_CALLS"])
+        return int(settings.ABP["MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL"])
+
+    @property
+    def max_open_sessions(self) -> int:
+        """Sessions open at once (held or resumable) for this principal."""
+        return int(settings.ABP["MAX_OPEN_SESSIONS_PER_PRINCIPAL"])
 
     @property
     def calls_per_minute(self) -> int:
         """Calls per minute in this principal's budget."""
+        if self.kind == "page":
+            return int(settings.ABP["PAGE_TOKEN_CALLS_PER_MINUTE"])
         own = self.key.calls_per_minute if self.key is not None else None
         return int(own if own is not None else settings.ABP["CALLS_PER_MINUTE"])
+
+    @property
+    def max_params_bytes(self) -> int | None:
+        """The largest call (its params as JSON), or None for no limit beyond the frame's."""
+        return int(settings.ABP["PAGE_TOKEN_MAX_PARAMS_BYTES"]) if self.kind == "page" else None
+
+    def max_timeout_ms(self, capability_max_ms: int) -> int:
+        """The longest options.timeout, given the capability's own maximum."""
+        if self.kind == "page":
+            return min(capability_max_ms, int(settings.ABP["PAGE_TOKEN_MAX_TIMEOUT_MS"]))
+        return capability_max_ms
+
+    def may_call(self, capability: str) -> bool:
+        """Whether this principal may call the capability at all."""
+        allowed: list[str] = settings.ABP["PAGE_TOKEN_CAPABILITIES"]
+        return self.kind != "page" or not allowed or capability in allowed
 
 
 def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
@@ -85,7 +122,7 @@ def origin_of(scope: dict[str, Any]) -> str:
 
 
 def client_address_of(scope: dict[str, Any]) -> str:
-    """The client's address (Daphne's --proxy-headers puts the forwarded one here)."""
+    """The client's address (behind trusted proxies, the one they forwarded: abpsite/asgi.py)."""
     client = scope.get("client") or ("", 0)
     return str(client[0])
 
@@ -119,6 +156,8 @@ def authenticate(scope: dict[str, Any]) -> Principal:
     """Who this is; Refused (with its close reason) if they may not connect."""
     address = client_address_of(scope)
     presented = credential_of(scope)
+    if presented and unstorable(presented):
+        raise Refused("invalid-credentials")
     if not presented:
         if settings.ABP["ALLOW_ANONYMOUS"]:
             return Principal(kind="anonymous", key=None, client_address=address)

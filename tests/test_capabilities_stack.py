@@ -118,11 +118,11 @@ def test_large_inputs_stay_out_of_the_job_row(agent: Agent) -> None:
     call_id = agent.call("process.image", params, call_id="spilled")
     assert agent.result_of(call_id)["payload"]["data"]["width"] == 400
     job = Job.objects.get(session_id=agent.session_id, call_id="spilled")
-    image = job.params["image"]
-    assert image["content"] is None
-    assert image["length"] == len(params["image"]["content"])
+    assert job.params["image"]["content"] is None
+    spilled = job.spilled["image"]
+    assert spilled["length"] == len(params["image"]["content"])
     # The worker removed it once the work was over.
-    assert not default_storage.exists(image["$spilled"])
+    assert not default_storage.exists(spilled["name"])
 
 
 def test_markdown_to_sanitized_html(agent: Agent) -> None:

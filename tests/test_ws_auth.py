@@ -73,6 +73,7 @@ def test_keys_without_limits_use_the_settings() -> None:
         ("abp_deadbeef_" + "z" * 43, "invalid-credentials"),
         ("page.forged.token.value", "invalid-credentials"),
         ("something-else", "invalid-credentials"),
+        ("abp_deadbeef_\x00" + "z" * 42, "invalid-credentials"),
     ],
 )
 def test_bad_credentials_are_refused_with_their_reason(credential: str | None, reason: str) -> None:

@@ -32,6 +32,12 @@ def prepare(prefix: str, **overrides: str) -> Stack:
             # tests use keys with limits of their own.
             "ABP_MAX_CONCURRENT_CALLS": "1000",
             "ABP_CALLS_PER_MINUTE": "1000000",
+            "ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": "1000",
+            "ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL": "1000",
+            # The browser tests' pages hold page tokens: as generous as keys here; the
+            # page-budget tests set their own.
+            "ABP_PAGE_TOKEN_MAX_CONCURRENT_CALLS": "1000",
+            "ABP_PAGE_TOKEN_CALLS_PER_MINUTE": "1000000",
             "DATABASE_URL": f"sqlite:///{run_dir / 'db.sqlite3'}",
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
             "DJANGO_MEDIA_ROOT": str(run_dir / "media"),

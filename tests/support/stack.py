@@ -46,9 +46,13 @@ def port_open(port: int) -> bool:
 class ManagedProcess:
     """A child process with its log in a file, stopped by PID."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.args = args
+        # Set on top of this process's environment (which the stack's processes share).
+        self.env = env or {}
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -56,7 +60,11 @@ class ManagedProcess:
         """Start it and wait until `ready()` says so."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
+            self.args,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -134,8 +142,10 @@ class Stack:
         )  # fmt: skip
         self.web = self.new_web(self.web_port)
 
-    def new_web(self, port: int, name: str = "daphne") -> ManagedProcess:
-        """A Daphne for this stack on `port` (not started)."""
+    def new_web(
+        self, port: int, name: str = "daphne", env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        """A Daphne for this stack on `port` (not started), `env` on top of the stack's."""
         return ManagedProcess(
             name,
             python_tool(
@@ -153,6 +163,7 @@ class Stack:
                 "abpsite.asgi:application",
             ),
             self.run_dir,
+            env,
         )
 
     def _new_worker(self) -> ManagedProcess:
