@@ -143,7 +143,10 @@ class ABPConsumer(AccessMixin, ResumeMixin, AsyncWebsocketConsumer):  # type: ig
             app=app_info(),
             max_concurrent_calls=principal.max_concurrent_calls,
             max_timeout_ms=lambda name: principal.max_timeout_ms(_timeouts(name).max_ms),
-            resumable=resumption.grace().total_seconds() > 0,
+            # Pages do not resume (runtime.js, bridge.js): a page's session ends with its
+            # socket, so its work stops at once and it holds no session place for the
+            # grace period.
+            resumable=principal.kind != "page" and resumption.grace().total_seconds() > 0,
         )
         await self.accept(subprotocol=ws_auth.selected_subprotocol(self.scope))
 

@@ -234,7 +234,7 @@ def page_agent(limited: str) -> Agent:
 @pytest.fixture
 def page(limited: str) -> Iterator[Agent]:
     # Page tokens spend one budget per client address: other tests' calls and
-    # sessions (a dropped one stays open for the resume grace) must have ended first.
+    # sessions must have ended first.
     eventually(
         lambda: (
             not Job.objects.filter(principal=PAGE, status__in=ACTIVE_STATUSES).exists()
@@ -280,3 +280,21 @@ def test_a_page_token_s_timeouts_are_short(page: Agent) -> None:
     call = page.call("test.sleep", {"steps": 0}, call_id="patient", timeout_ms=5001)
     error = error_of(page, call)
     assert (error["code"], error["details"]["max"]) == ("INVALID_PARAMS", 5000)
+
+
+def test_a_page_s_session_ends_with_its_socket(limited: str) -> None:
+    # Pages do not resume: their calls stop at once instead of running for nobody.
+    with page_agent(limited) as agent:
+        agent.initialize()
+        agent.call("test.sleep", LONG, call_id="orphan")
+        wait_running(agent, "orphan")
+        session_id = agent.session_id
+    job = eventually(
+        lambda: (
+            Job.objects.filter(session_id=session_id, call_id="orphan")
+            .exclude(status__in=ACTIVE_STATUSES)
+            .first()
+        )
+    )
+    assert job.cancel_source == "disconnect"
+    assert AgentSession.objects.get(pk=session_id).closed_at is not None
