@@ -15,6 +15,8 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - after setup
 
+from abpsite.proxies import behind_trusted_proxies  # noqa: E402
+from capabilities.hosts import AllowedHostsValidator  # noqa: E402
 from capabilities.routing import websocket_urlpatterns  # noqa: E402
 from capabilities.security import browser_origin_validator  # noqa: E402
 
@@ -72,9 +74,15 @@ class ConnectionClosedError(OSError):
 _close_oversized_frames_with_1009()
 _refuse_sends_after_disconnect()
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": browser_origin_validator(URLRouter(websocket_urlpatterns)),
-    }
+# The client's address comes from trusted proxies' headers before anything reads it:
+# Django's REMOTE_ADDR and the consumer's per-address budgets alike.
+application = behind_trusted_proxies(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": AllowedHostsValidator(
+                browser_origin_validator(URLRouter(websocket_urlpatterns))
+            ),
+        }
+    )
 )
