@@ -1,9 +1,10 @@
 """Signed, expiring download URLs for results too large to inline.
 
 A URL carries a token signed with the SECRET_KEY (Django's signing, with a
-timestamp): it names the job, its session and the stored file, so nobody can
-point one at another session's job or at any other file, and it expires.
-A tampered token is 403, an expired one (or a file past its retention) 410.
+timestamp): it names the job, its session, the stored file and the name it is
+served under, so nobody can point one at another session's job or at any other
+file, nor serve a PDF as `invoice.html`, and it expires. A tampered token is 403,
+an expired one (or a file past its retention) 410, another file name 404.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ def reference(job: Job, ref: dict[str, Any], *, base_url: str) -> dict[str, Any]
     """The BinaryDataReference of a stored result file."""
     ttl = settings.ABP["DOWNLOAD_URL_TTL_SECONDS"]
     token = signing.dumps(
-        {"j": job.id.hex, "s": job.session_id.hex, "n": ref["$file"], "m": ref["mimeType"]},
+        {
+            "j": job.id.hex,
+            "s": job.session_id.hex,
+            "n": ref["$file"],
+            "m": ref["mimeType"],
+            "f": ref["filename"],
+        },
         salt=SALT,
         compress=True,
     )
@@ -61,6 +68,10 @@ def download(request: HttpRequest, token: str, filename: str) -> HttpResponseBas
     # from reaching files outside the job's own folder.
     if not owned or not name.startswith(f"results/{job_id}/"):
         return HttpResponse("This download link is not valid.", status=403)
+    # The name in the path is the one a browser saves the file under (and guesses its
+    # type from): only the signed one. Links signed before it was signed have none.
+    if filename != claims.get("f"):
+        return HttpResponse("No such file.", status=404)
     if not default_storage.exists(name):
         return HttpResponse("This result is no longer kept.", status=410)
     response = FileResponse(

@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 import uuid
 from datetime import datetime, timedelta
+from urllib.parse import quote
 
 import pytest
 from django.core import signing
@@ -99,12 +100,28 @@ def test_expired_link_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _client().get(url).status_code == 410
 
 
+@pytest.mark.parametrize(
+    "name", ["invoice.html", "setup.exe", "Résumé 100%.PDF", "résumé 100%.pdf"]
+)
+def test_link_under_another_file_name_is_not_found(name: str) -> None:
+    job, ref = _stored_job(AgentSession.objects.create(agent_name="renamer"))
+    ref["filename"] = "Résumé 100%.pdf"
+    url = downloads.reference(job, ref, base_url="http://127.0.0.1")["downloadUrl"]
+    token_path = url.rsplit("/", 1)[0]
+    assert _client().get(f"{token_path}/{quote(name)}").status_code == 404
+    # The signed name, percent-encoded in the URL, is served under that name.
+    served = _client().get(url)
+    served.close()
+    assert served.status_code == 200
+    assert "filename*=utf-8''R%C3%A9sum%C3%A9%20100%25.pdf" in served["Content-Disposition"]
+
+
 def test_link_naming_another_sessions_job_is_forbidden() -> None:
     job, ref = _stored_job(AgentSession.objects.create(agent_name="owner"))
     intruder = AgentSession.objects.create(agent_name="intruder")
     # A token the server never issued: the job, but another session.
     forged = signing.dumps(
-        {"j": job.id.hex, "s": intruder.id.hex, "n": ref["$file"], "m": "text/plain"},
+        {"j": job.id.hex, "s": intruder.id.hex, "n": ref["$file"], "m": "text/plain", "f": "b"},
         salt=downloads.SALT,
         compress=True,
     )
@@ -112,7 +129,13 @@ def test_link_naming_another_sessions_job_is_forbidden() -> None:
     # Nor another job's folder, even with its own session.
     other_job, _ = _stored_job(intruder)
     outside = signing.dumps(
-        {"j": other_job.id.hex, "s": intruder.id.hex, "n": ref["$file"], "m": "text/plain"},
+        {
+            "j": other_job.id.hex,
+            "s": intruder.id.hex,
+            "n": ref["$file"],
+            "m": "text/plain",
+            "f": "b",
+        },
         salt=downloads.SALT,
         compress=True,
     )
