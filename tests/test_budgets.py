@@ -231,10 +231,8 @@ def page_agent(limited: str) -> Agent:
     )
 
 
-@pytest.fixture
-def page(limited: str) -> Iterator[Agent]:
-    # Page tokens spend one budget per client address: other tests' calls and
-    # sessions must have ended first.
+def page_budget_unspent() -> None:
+    """Wait until other tests' page-token calls and sessions (one budget per address) end."""
     eventually(
         lambda: (
             not Job.objects.filter(principal=PAGE, status__in=ACTIVE_STATUSES).exists()
@@ -242,6 +240,11 @@ def page(limited: str) -> Iterator[Agent]:
         ),
         timeout=30,
     )
+
+
+@pytest.fixture
+def page(limited: str) -> Iterator[Agent]:
+    page_budget_unspent()
     with page_agent(limited) as agent:
         agent.initialize()
         yield agent
@@ -284,6 +287,7 @@ def test_a_page_token_s_timeouts_are_short(page: Agent) -> None:
 
 def test_a_page_s_session_ends_with_its_socket(limited: str) -> None:
     # Pages do not resume: their calls stop at once instead of running for nobody.
+    page_budget_unspent()
     with page_agent(limited) as agent:
         agent.initialize()
         agent.call("test.sleep", LONG, call_id="orphan")
