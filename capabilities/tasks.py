@@ -9,10 +9,11 @@ import sys
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
+from billiard.pool import EX_RECYCLE
 from celery import shared_task
 from celery.signals import task_failure, task_revoked, worker_init, worker_process_init
 
-from capabilities import aborts, heartbeat, jobs, reaper, registry, retention, worker
+from capabilities import aborts, heartbeat, jobs, memory_limit, reaper, registry, retention, worker
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,26 @@ SWITCH_INTERVAL_SECONDS = 0.0005
 @shared_task(name="abp.run_job", bind=True, ignore_result=True)
 def run_job(self: Any, job_id: str) -> None:
     """Run one job (the task id is the job id)."""
-    worker.execute(job_id, worker_name=f"{self.request.hostname}:{os.getpid()}")
+    try:
+        worker.execute(job_id, worker_name=f"{self.request.hostname}:{os.getpid()}")
+    except MemoryError:
+        # Out of memory outside the runner (a MemoryError reaching Celery's main
+        # process is raised again there): the job is answered WORKER_LOST below.
+        memory_limit.mark_exhausted()
+        logger.warning("Job %s ran out of memory outside its runner", job_id)
+    if memory_limit.exhausted():
+        _leave_after_task(job_id)
+
+
+def _leave_after_task(job_id: str) -> None:
+    # A child that ran out of memory may have left C libraries halfway through
+    # something: it takes no more jobs. A task that raises SystemExit is reported
+    # to the main process first, then billiard ends the child (EX_RECYCLE: an
+    # expected exit, not counted as a crash) and forks a fresh one. Celery reports
+    # the task as WorkerLostError: `_on_failure` then tries `jobs.fail_lost`, a no-op
+    # for a job already settled, the answer for one that is not.
+    logger.warning("Replacing worker process %s: job %s ran out of memory", os.getpid(), job_id)
+    sys.exit(EX_RECYCLE)
 
 
 @shared_task(name="abp.reap", ignore_result=True)
@@ -52,9 +72,12 @@ def _prepare_runners(**_: Any) -> None:
 
 
 @worker_process_init.connect
-def _start_abort_watcher(**_: Any) -> None:
-    # Each prefork child listens for aborts of the job it runs. The watcher must get
-    # the GIL from a busy render quickly: Python's default hand-over waits 5 ms.
+def _prepare_child(**_: Any) -> None:
+    # Each prefork child caps its own memory first (the main process, which forks
+    # the replacements, is not capped), so the threads below count against it too.
+    memory_limit.apply()
+    # Each child listens for aborts of the job it runs. The watcher must get the
+    # GIL from a busy render quickly: Python's default hand-over waits 5 ms.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     aborts.start_watcher()
     heartbeat.start()

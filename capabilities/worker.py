@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from capabilities import aborts, inputs, jobs, registry, results
+from capabilities import aborts, inputs, jobs, memory_limit, registry, results
 from capabilities.context import CapabilityError, JobAborted
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.notifier import notify
@@ -155,6 +155,13 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
         )
     except (JobAborted, SoftTimeLimitExceeded):
         raise
+    except MemoryError as exc:
+        # The child reached its memory ceiling. Free what the runner's frames hold
+        # before formatting anything; the child is replaced after this task.
+        traceback.clear_frames(exc.__traceback__)
+        memory_limit.mark_exhausted()
+        logger.warning("Job %s ran out of memory (limit %s MiB)", job.id, memory_limit.limit_mb())
+        return jobs.Outcome.failed(memory_limit.error(), traceback=traceback.format_exc())
     except Exception:
         logger.exception("Job %s crashed", job.id)
         return jobs.Outcome.failed(

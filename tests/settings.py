@@ -1,10 +1,14 @@
-"""Test settings: the product's, plus a test-only capability to drive timing.
+"""Test settings: the product's, plus test-only capabilities (timing, memory).
 
-`test.sleep` is never in the product's manifest: only processes started with
-DJANGO_SETTINGS_MODULE=tests.settings (the test stack, the benchmarks) have it.
+`test.sleep` and `test.allocate` are never in the product's manifest: only processes
+started with DJANGO_SETTINGS_MODULE=tests.settings (the test stack, the benchmarks)
+have them.
 """
 
 from abpsite.settings import *  # noqa: F403
 from abpsite.settings import ABP
 
-ABP["EXTRA_CAPABILITIES"] = ["tests.support.capabilities.SLEEP"]
+ABP["EXTRA_CAPABILITIES"] = [
+    "tests.support.capabilities.SLEEP",
+    "tests.support.capabilities.ALLOCATE",
+]

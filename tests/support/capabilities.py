@@ -1,6 +1,7 @@
-"""`test.sleep`: a capability whose timing the tests control.
+"""Test-only capabilities: `test.sleep`, whose timing the tests control, and
+`test.allocate`, a memory bomb.
 
-Modes:
+`test.sleep` modes:
 - `checkpoint`: `steps` sleeps of `stepMs`, a checkpoint and a progress report each;
 - `busy`: pure-Python busy work for `steps * stepMs` without any checkpoint (stopped
   only by raising into the thread);
@@ -9,11 +10,17 @@ Modes:
 - `crash`: raises a plain exception after the steps.
 
 With `fileBytes`, the result also carries a file of that many random bytes.
+
+`test.allocate` asks for `mb` MiB: `python` in zero-filled chunks held until the end
+(every page touched), `glib` in one `g_malloc`, which aborts the process when it
+fails, as the C libraries under WeasyPrint do.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import resource
 import time
 from typing import Any
 
@@ -69,4 +76,44 @@ SLEEP = CapabilitySpec(
     },
     output_schema={"type": "object"},
     runner="tests.support.capabilities.run_sleep",
+)
+
+
+MIB = 1024 * 1024
+ALLOCATION_CHUNK = 16 * MIB
+
+
+def run_allocate(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Allocate `mb` MiB as told, then let it go."""
+    size = int(params["mb"]) * MIB
+    if params.get("via", "python") == "glib":
+        # No core file from the abort that follows a failed g_malloc.
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        glib = ctypes.CDLL("libglib-2.0.so.0")
+        glib.g_malloc.restype = ctypes.c_void_p
+        glib.g_malloc.argtypes = [ctypes.c_size_t]
+        glib.g_free.argtypes = [ctypes.c_void_p]
+        glib.g_free(glib.g_malloc(size))
+        return {"allocatedMb": params["mb"]}
+    chunks: list[bytearray] = []
+    while len(chunks) * ALLOCATION_CHUNK < size:
+        ctx.checkpoint()
+        chunks.append(bytearray(ALLOCATION_CHUNK))
+    return {"allocatedMb": params["mb"]}
+
+
+ALLOCATE = CapabilitySpec(
+    name="test.allocate",
+    description="Test only: allocates a given amount of memory.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "mb": {"type": "integer", "minimum": 0, "maximum": 3072},
+            "via": {"enum": ["python", "glib"]},
+        },
+        "required": ["mb"],
+        "additionalProperties": False,
+    },
+    output_schema={"type": "object"},
+    runner="tests.support.capabilities.run_allocate",
 )

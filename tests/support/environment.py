@@ -45,6 +45,9 @@ def prepare(prefix: str, **overrides: str) -> Stack:
             "ABP_REAPER_INTERVAL_SECONDS": "0.5",
             "ABP_HARD_KILL_GRACE_SECONDS": "1.5",
             "ABP_WORKER_LOST_AFTER_SECONDS": "3",
+            # Lower than the product's: every job of the suite fits (a child is ~400 MiB
+            # of address space), and tests/test_worker_memory_limit.py's bombs stay small.
+            "ABP_WORKER_MEMORY_LIMIT_MB": "1024",
             # Long enough to restart a Daphne and resume; short enough that tests of
             # a session nobody resumes wait only a few seconds.
             "ABP_RESUME_GRACE_SECONDS": "5",
