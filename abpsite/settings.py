@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "csp",
+    "axes",
     "capabilities",
 ]
 
@@ -102,7 +103,34 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
+    # Last, as django-axes asks: turns a lockout into its answer (429).
+    "axes.middleware.AxesMiddleware",
 ]
+
+# django-axes first: it refuses a locked-out login before the password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+# Failed admin logins are throttled per account and client address (django-axes):
+# after AXES_FAILURE_LIMIT failures that pair is refused, even with the right
+# password, for AXES_COOLOFF_TIME (0 minutes: until `manage.py axes_reset`); another
+# address, or another account, is not. The address is REMOTE_ADDR alone, which the
+# ASGI stack resolves through trusted proxies: axes never reads X-Forwarded-For.
+_ADMIN_LOGIN_COOLOFF_MINUTES = _env_int("DJANGO_ADMIN_LOGIN_COOLOFF_MINUTES", 15)
+AXES_FAILURE_LIMIT = _env_int("DJANGO_ADMIN_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = _ADMIN_LOGIN_COOLOFF_MINUTES / 60  # hours, as axes reads a float
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
+AXES_RESET_ON_SUCCESS = True
+AXES_COOLOFF_MESSAGE = (
+    "Too many failed logins for this account from your address: "
+    f"try again in {_ADMIN_LOGIN_COOLOFF_MINUTES} minutes."
+)
+AXES_PERMALOCK_MESSAGE = (
+    "Too many failed logins for this account from your address: an operator must unlock it."
+)
 
 # Every page gets a Content-Security-Policy: scripts and connections to this origin
 # only, nothing framed from elsewhere, framed by nobody (the embed page widens
@@ -328,8 +356,10 @@ ABP: dict[str, Any] = {
     "MAX_IMAGE_OUTPUT_BYTES": _env_int("ABP_MAX_IMAGE_OUTPUT_BYTES", 50 * 1024 * 1024),
     # Address space (RLIMIT_AS) of each worker child, in MiB; 0: no limit. A job that
     # needs more fails cleanly (OPERATION_FAILED, or WORKER_LOST if a library aborts)
-    # and the child is replaced, instead of the host running out of memory.
-    "WORKER_MEMORY_LIMIT_MB": _env_int("ABP_WORKER_MEMORY_LIMIT_MB", 2048),
+    # and the child is replaced, instead of the host running out of memory. About
+    # twice the largest job within the other limits (a 50 MP RGBA image to WebP
+    # peaked at 1.7-2.0 GiB of address space, ~1.4 GiB resident).
+    "WORKER_MEMORY_LIMIT_MB": _env_int("ABP_WORKER_MEMORY_LIMIT_MB", 4096),
     # Proxies (addresses or networks, comma-separated) whose X-Forwarded-For and
     # X-Forwarded-Proto are believed; the client address is the nearest one they name
     # that is not itself a trusted proxy. Empty: the headers are ignored.
@@ -368,6 +398,8 @@ LOGGING: dict[str, Any] = {
         "weasyprint.progress": {"level": "INFO", "propagate": False, "handlers": []},
         "weasyprint": {"level": "ERROR"},
         "fontTools": {"level": "WARNING"},
+        # django-axes announces its version at INFO in every process.
+        "axes.apps": {"level": "WARNING"},
         "celery.worker.control": {"filters": ["revoke_without_backend"]},
     },
 }
