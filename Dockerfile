@@ -27,4 +27,8 @@ ENV PYTHONPATH=/app \
 
 USER app
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "abpsite.asgi:application"]
+# The web service (docker-compose.yml runs the same command): Django's system checks
+# first, since Daphne runs none (production refuses to start while an account has the
+# development password), then Daphne with the WebSocket frame limit from
+# ABP_MAX_FRAME_BYTES (16 MiB unless set), as in the Procfile. A shell expands it.
+CMD ["/bin/sh", "-c", "python manage.py check && exec daphne -b 0.0.0.0 -p 8000 --websocket-max-message-size ${ABP_MAX_FRAME_BYTES:-16777216} --websocket-max-frame-size ${ABP_MAX_FRAME_BYTES:-16777216} abpsite.asgi:application"]

@@ -83,7 +83,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # --- the demo -------------------------------------------------------------------------
 
 # Everything `make run` starts sees these (honcho passes its environment on; a .env
-# file, if there is one, is read by honcho and wins over them).
+# file, if there is one, is read by honcho and wins over them). The recipes' own
+# manage.py steps go through `honcho run`, which reads .env the same way: they see
+# what the served processes see (a production .env means production for them too).
 run migrate: export DJANGO_ENV := development
 run migrate: export REDIS_PORT := $(REDIS_PORT)
 run migrate: export REDIS_URL := redis://127.0.0.1:$(REDIS_PORT)/0
@@ -93,15 +95,16 @@ run migrate: export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 migrate: deps
 	mkdir -p var/media var/static
-	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/honcho run -- $(BIN)/python manage.py migrate --noinput
 
 # honcho puts each process in its own process group and, on Ctrl-C (SIGINT) or
 # SIGTERM, stops every group (SIGTERM, SIGKILL after 5 s). The Procfile `exec`s each
 # command, so no intermediate shell is left behind; the recipe `exec`s honcho too.
+# The development superuser exists only when DEBUG is on (not with a production .env).
 run: migrate
 	@echo
 	@echo "==> The demo is at http://127.0.0.1:$(PORT)/ (Redis on 127.0.0.1:$(REDIS_PORT)). Ctrl-C stops everything."
-	@$(BIN)/python manage.py ensure_dev_superuser | sed 's|^Admin: /admin/|==> The admin is at http://127.0.0.1:$(PORT)/admin/|'
+	@$(BIN)/honcho run -- $(BIN)/python manage.py ensure_dev_superuser --skip-unless-debug | sed 's|^Admin: /admin/|==> The admin is at http://127.0.0.1:$(PORT)/admin/|'
 	@echo
 	exec $(BIN)/honcho start -f Procfile -p $(PORT)
 

@@ -4,6 +4,9 @@ import logging
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core import checks
+
+from capabilities.checks import development_password_in_use
 
 logger = logging.getLogger("capabilities")
 
@@ -16,6 +19,7 @@ class CapabilitiesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        checks.register(development_password_in_use, checks.Tags.security)
         if settings.ABP["ALLOW_ANONYMOUS"]:
             # Production refuses this setting; in development, say it loudly.
             logger.warning(

@@ -1,19 +1,31 @@
 """Production settings refuse unsafe values at start; development ones start as they are.
 
 Each case runs Django's `check --deploy` in a subprocess with its own environment,
-as an operator's `manage.py` or Daphne would load the settings.
+as an operator's `manage.py` or Daphne would load the settings. The web commands
+(Procfile, Dockerfile, docker-compose.yml) run the checks before Daphne.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import re
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management import call_command
+from django.test import override_settings
 
 from abpsite.safety import production_problems
+from capabilities import checks
 
 ROOT = Path(__file__).resolve().parent.parent
 STRONG_KEY = "k3Jx9_Qw-" + "a1b2c3d4e5" * 5
@@ -104,4 +116,112 @@ def test_production_problems_is_empty_for_safe_values() -> None:
             allowed_hosts=["jobs.example.com"],
         )
         == []
+    )
+
+
+@pytest.fixture
+def development_password() -> Iterator[str]:
+    """A development password of this test's own (the suite's DB has other accounts)."""
+    password = f"dev-{uuid.uuid4().hex}"
+    yield password
+    get_user_model().objects.filter(username__startswith="devpw-").delete()
+
+
+def account(username: str, encoded: str, **flags: bool) -> AbstractBaseUser:
+    """An account with an already hashed password (hashing costs ~0.4 s)."""
+    user: AbstractBaseUser = get_user_model().objects.create(
+        username=username, password=encoded, **flags
+    )
+    return user
+
+
+def test_accounts_with_the_development_password_are_refused_in_production(
+    development_password: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The suite's DB holds other tests' superusers: look at all of them here.
+    monkeypatch.setattr(checks, "MAX_SUPERUSERS_CHECKED", 1000)
+    encoded = make_password(development_password)
+    account("devpw-named", encoded)  # the development superuser's name: checked as it is
+    account("devpw-root", encoded, is_superuser=True, is_staff=True)
+    account("devpw-inactive", encoded, is_superuser=True, is_active=False)
+    account("devpw-staff", encoded, is_staff=True)  # not a superuser: not checked
+    account("devpw-changed", make_password("another one"), is_superuser=True)
+    with override_settings(
+        DEV_SUPERUSER_USERNAME="devpw-named", DEV_SUPERUSER_PASSWORD=development_password
+    ):
+        found = checks.development_password_in_use()
+        assert {error.id for error in found} == {"capabilities.E001"}
+        assert sorted(error.msg.split("'")[1] for error in found) == ["devpw-named", "devpw-root"]
+        assert "manage.py changepassword devpw-root" in str(found[1].hint)
+        with override_settings(DEVELOPMENT=True):
+            assert checks.development_password_in_use() == []
+
+
+def test_manage_py_check_refuses_while_the_development_password_logs_in(
+    development_password: str,
+) -> None:
+    user = account("devpw-admin", make_password(development_password), is_superuser=True)
+    environment = {
+        # The suite's own database, migrated, with the account in it.
+        "DATABASE_URL": os.environ["DATABASE_URL"],
+        "DJANGO_DEV_SUPERUSER_USERNAME": "devpw-admin",
+        "DJANGO_DEV_SUPERUSER_PASSWORD": development_password,
+    }
+    refused = run_check(**environment)
+    assert refused.returncode != 0
+    assert "capabilities.E001" in refused.stderr
+    assert "'devpw-admin' logs in with the development password" in refused.stderr
+    user.set_password(f"changed-{uuid.uuid4().hex}")
+    user.save()
+    checked = run_check(**environment)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_make_run_makes_no_development_superuser_outside_debug() -> None:
+    # `make run` runs the command under the served processes' environment (.env wins);
+    # with DEBUG off it says so, creates nobody, and lets the demo start.
+    out = io.StringIO()
+    with override_settings(DEV_SUPERUSER_USERNAME="devpw-make-run"):
+        call_command("ensure_dev_superuser", "--skip-unless-debug", stdout=out)
+    assert out.getvalue() == "DEBUG is off: no development superuser.\n"
+    assert not get_user_model().objects.filter(username="devpw-make-run").exists()
+
+
+def web_commands() -> dict[str, str]:
+    """The shell command each deployment file starts the web process with."""
+    procfile = re.search(r"^web: (.+)$", (ROOT / "Procfile").read_text(), re.M)
+    dockerfile = re.search(r"^CMD (\[.+\])$", (ROOT / "Dockerfile").read_text(), re.M)
+    compose = re.search(
+        r"^    command: (\[.+exec daphne.+\])$", (ROOT / "docker-compose.yml").read_text(), re.M
+    )
+    assert procfile is not None
+    assert dockerfile is not None
+    assert compose is not None
+    shells = [json.loads(dockerfile[1]), json.loads(compose[1])]
+    assert all(shell[:2] == ["/bin/sh", "-c"] for shell in shells)
+    return {
+        "Procfile": procfile[1],
+        "Dockerfile": shells[0][2],
+        # $$ is docker compose's escape for a $ the container's shell expands.
+        "docker-compose.yml": shells[1][2].replace("$$", "$"),
+    }
+
+
+def test_every_web_command_checks_first_and_passes_the_same_frame_limit() -> None:
+    default = re.search(r"^#ABP_MAX_FRAME_BYTES=(\d+)$", (ROOT / ".env.example").read_text(), re.M)
+    assert default is not None
+    assert int(default[1]) == 16 * 1024 * 1024  # settings.py's default
+    limit = f"${{ABP_MAX_FRAME_BYTES:-{default[1]}}}"
+    for name, command in web_commands().items():
+        assert command.startswith("python manage.py check && exec daphne "), name
+        assert command.endswith(" abpsite.asgi:application"), name
+        flags = dict(re.findall(r"(--websocket-max-(?:message|frame)-size) (\S+)", command))
+        assert flags == {
+            "--websocket-max-message-size": limit,
+            "--websocket-max-frame-size": limit,
+        }, name
+    # The containers get the variable too (the settings read it for the embed bridge).
+    assert (
+        "ABP_MAX_FRAME_BYTES: ${ABP_MAX_FRAME_BYTES:-16777216}"
+        in (ROOT / "docker-compose.yml").read_text()
     )

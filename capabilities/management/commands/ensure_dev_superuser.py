@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
 class Command(BaseCommand):
@@ -14,8 +14,19 @@ class Command(BaseCommand):
 
     help = "Create the development superuser (DEBUG only) and say how to log in."
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--skip-unless-debug",
+            action="store_true",
+            help="With DEBUG off, say so and succeed instead of failing (`make run`, which "
+            "may be serving a production .env).",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         if not settings.DEBUG:
+            if options["skip_unless_debug"]:
+                self.stdout.write("DEBUG is off: no development superuser.")
+                return
             raise CommandError("Refusing: a known superuser password is for development only.")
         username = settings.DEV_SUPERUSER_USERNAME
         password = settings.DEV_SUPERUSER_PASSWORD
