@@ -6,6 +6,11 @@ the connection goes to an address that was checked (no second DNS lookup, so no
 DNS rebinding), redirects are not followed, and the body is bounded in size and
 time. Every other scheme (`file:`, `ftp:`, ...) is refused.
 
+What a resource becomes once WeasyPrint decodes it is bounded too, before it is
+decoded (`resource_checks`): a font by the sizes its header declares, a raster image
+by its pixels and format, and all of one render's resources together by a budget
+kept in the fetcher, of which there is one per render.
+
 Failures stop the render: WeasyPrint drops a resource that fails with an ordinary
 exception, but lets a `FatalURLFetchingError` through::
 
@@ -13,7 +18,11 @@ exception, but lets a `FatalURLFetchingError` through::
      └── weasyprint.urls.FatalURLFetchingError
           └── FetchError        carries .url and .reason
                ├── URLNotAllowed    refused by policy: scheme, host, address, redirect
-               └── URLFetchFailed   allowed, but failed: DNS, connection, HTTP status, size
+               ├── URLFetchFailed   allowed, but failed: DNS, connection, HTTP status, size
+               └── ResourceRefused  fetched, but too large once decoded, or not a format read
+
+The fetcher also keeps the first error it raised (`failure`): WeasyPrint swallows
+even a fatal one while it draws an SVG's own images, and the render must still fail.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,6 +47,8 @@ from weasyprint.urls import (
     iri_to_uri,
 )
 
+from capabilities import resource_checks
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # Cloud instance-metadata endpoints (AWS, GCP, Azure, ...; AWS's IPv6 one too).
@@ -45,13 +57,20 @@ METADATA_ADDRESSES = frozenset(
 )
 
 _CHUNK_BYTES = 64 * 1024
+# How much of a URL a message shows: a data: URL can be megabytes long.
+_URL_SHOWN = 60
+
+
+def shorten_url(url: str) -> str:
+    """The URL as messages show it: its first characters only."""
+    return url if len(url) <= _URL_SHOWN else url[:_URL_SHOWN] + "…"
 
 
 class FetchError(FatalURLFetchingError):  # type: ignore[misc]  # WeasyPrint is untyped
     """A URL could not be fetched; stops the render."""
 
     def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"{url}: {reason}")
+        super().__init__(f"{shorten_url(url)}: {reason}")
         self.url = url
         self.reason = reason
 
@@ -62,6 +81,26 @@ class URLNotAllowed(FetchError):
 
 class URLFetchFailed(FetchError):
     """The URL is allowed but fetching it failed."""
+
+
+class ResourceRefused(FetchError):
+    """The resource was fetched, but must not be decoded; `limit` is the bound it broke."""
+
+    def __init__(self, url: str, reason: str, limit: int | None = None) -> None:
+        super().__init__(url, reason)
+        self.limit = limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceLimits:
+    """What one render's resources may become once decoded."""
+
+    font_bytes: int
+    """The largest font, by the sizes its header declares."""
+    pixels: int
+    """The largest raster image, in pixels."""
+    total_bytes: int
+    """All resources together: fonts as declared, images at 4 bytes a pixel, the rest as is."""
 
 
 class _Deadline:
@@ -95,30 +134,93 @@ def _is_forbidden_address(address: IPAddress) -> bool:
     )
 
 
-class SafeURLFetcher(URLFetcher):  # type: ignore[misc]  # WeasyPrint is untyped
-    """Fetches `data:` URLs, and `http(s)` URLs from allow-listed public hosts only."""
+@dataclass(frozen=True)
+class _Fetched:
+    """A resource as fetched, before WeasyPrint sees it."""
 
-    def __init__(self, *, allowed_hosts: Collection[str], timeout: float, max_bytes: int) -> None:
+    url: str
+    body: bytes
+    content_type: str
+    status: int = 200
+
+
+class SafeURLFetcher(URLFetcher):  # type: ignore[misc]  # WeasyPrint is untyped
+    """Fetches `data:` URLs, and `http(s)` URLs from allow-listed public hosts only.
+
+    One instance serves one render: it keeps that render's resource budget.
+    """
+
+    def __init__(
+        self,
+        *,
+        allowed_hosts: Collection[str],
+        timeout: float,
+        max_bytes: int,
+        limits: ResourceLimits,
+    ) -> None:
         # fail_on_errors stays off: a malformed data: URL only drops that resource, as
         # WeasyPrint does by default; our refusals and failures are fatal by their type.
         super().__init__(timeout=timeout)
         self.allowed_hosts = frozenset(host.lower() for host in allowed_hosts)
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.limits = limits
+        # What the resources fetched so far become once decoded (each fetch counts:
+        # WeasyPrint fetches an image once per render, a stylesheet at each use).
+        self.resource_bytes = 0
+        # The first error raised, kept for when WeasyPrint swallows it.
+        self.failure: FetchError | None = None
         self._ssl_context: ssl.SSLContext | None = None
 
     def fetch(self, url: str, headers: dict[str, str] | None = None) -> URLFetcherResponse:
-        """Fetch `url`, or raise URLNotAllowed / URLFetchFailed."""
+        """Fetch `url`, or raise URLNotAllowed / URLFetchFailed / ResourceRefused."""
+        try:
+            fetched = self._fetch(url)
+            self._admit(fetched)
+        except FetchError as error:
+            self.failure = self.failure or error
+            raise
+        headers = {"Content-Type": fetched.content_type}
+        return URLFetcherResponse(fetched.url, fetched.body, headers, fetched.status)
+
+    def _fetch(self, url: str) -> _Fetched:
         scheme = url.partition(":")[0].lower()
         if scheme == "data":
-            with urllib.request.DataHandler().data_open(urllib.request.Request(url)) as data:
-                content_type = data.info()["Content-Type"]
-                return URLFetcherResponse(url, data.read(), {"Content-Type": content_type})
+            return self._decode(url)
         if scheme not in ("http", "https"):
             raise URLNotAllowed(url, f"the {scheme or 'empty'} scheme is not allowed")
         return self._fetch_http(iri_to_uri(url), tls=scheme == "https")
 
-    def _fetch_http(self, url: str, *, tls: bool) -> URLFetcherResponse:
+    def _decode(self, url: str) -> _Fetched:
+        # The URL sits in the document or a fetched stylesheet, both bounded already;
+        # what it decodes to is bounded as a fetched body is.
+        with urllib.request.DataHandler().data_open(urllib.request.Request(url)) as data:
+            content_type = data.info()["Content-Type"]
+            body = data.read()
+        if len(body) > self.max_bytes:
+            reason = f"a data: URL of {len(body)} bytes decoded, over {self.max_bytes}"
+            raise ResourceRefused(url, reason, self.max_bytes)
+        return _Fetched(url, body, content_type)
+
+    def _admit(self, fetched: _Fetched) -> None:
+        """Count what the resource becomes once decoded; refuse it past a limit."""
+        limits = self.limits
+        try:
+            footprint = resource_checks.footprint(
+                fetched.body, font_bytes=limits.font_bytes, pixels=limits.pixels
+            )
+        except resource_checks.Refused as refused:
+            raise ResourceRefused(fetched.url, refused.reason, refused.limit) from None
+        self.resource_bytes += footprint.size
+        total = limits.total_bytes
+        if self.resource_bytes > total:
+            reason = (
+                f"the document's resources would take {self.resource_bytes} bytes "
+                f"once decoded, over {total}"
+            )
+            raise ResourceRefused(fetched.url, reason, total)
+
+    def _fetch_http(self, url: str, *, tls: bool) -> _Fetched:
         try:
             parts = urlsplit(url)
             host, port = parts.hostname or "", parts.port or (443 if tls else 80)
@@ -148,7 +250,7 @@ class SafeURLFetcher(URLFetcher):  # type: ignore[misc]  # WeasyPrint is untyped
             response = connection.getresponse()
             body = self._read_body(url, response, sock, deadline)
             content_type = response.getheader("Content-Type", "")
-            return URLFetcherResponse(url, body, {"Content-Type": content_type}, response.status)
+            return _Fetched(url, body, content_type, response.status)
         except (OSError, http.client.HTTPException) as error:
             raise URLFetchFailed(url, f"{type(error).__name__}: {error}") from error
         finally:
@@ -232,9 +334,20 @@ class SafeURLFetcher(URLFetcher):  # type: ignore[misc]  # WeasyPrint is untyped
 
 
 def fetcher_from_settings() -> SafeURLFetcher:
-    """A fetcher configured from `settings.ABP` (read at each call)."""
+    """A fetcher for one render, configured from `settings.ABP` (read at each call).
+
+    Images get process.image's pixel limit (the setting, capped by Pillow's own).
+    """
+    from capabilities.images_params import Limits
+
+    abp = settings.ABP
     return SafeURLFetcher(
-        allowed_hosts=settings.ABP["URL_FETCH_ALLOWED_HOSTS"],
-        timeout=settings.ABP["URL_FETCH_TIMEOUT_SECONDS"],
-        max_bytes=settings.ABP["URL_FETCH_MAX_BYTES"],
+        allowed_hosts=abp["URL_FETCH_ALLOWED_HOSTS"],
+        timeout=abp["URL_FETCH_TIMEOUT_SECONDS"],
+        max_bytes=abp["URL_FETCH_MAX_BYTES"],
+        limits=ResourceLimits(
+            font_bytes=abp["MAX_FONT_BYTES"],
+            pixels=Limits.from_settings().pixels,
+            total_bytes=abp["MAX_PDF_RESOURCE_BYTES"],
+        ),
     )

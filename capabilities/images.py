@@ -68,15 +68,15 @@ from capabilities.images_spec import (
     FlipDirection,
     ImageFormat,
 )
+from capabilities.resource_checks import ALLOWED_FORMATS
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 Checkpoint = Callable[[], None]
 
-# Pillow's names of the formats we open; an MPO (a camera's multi-picture JPEG) comes
-# in through the JPEG opener and is read as its first picture.
-ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "TIFF")
+# Pillow's names of the formats we open (shared with export.pdf's images); an MPO (a
+# camera's multi-picture JPEG) comes in through the JPEG opener, read as its first picture.
 _INPUT_FORMATS = {name: ImageFormat(name.lower()) for name in ALLOWED_FORMATS}
 _INPUT_FORMATS["MPO"] = ImageFormat.JPEG
 _FORMATS_TEXT = "JPEG, PNG, WebP, GIF or TIFF"

@@ -1,7 +1,9 @@
 """The `export.pdf` runner: HTML in, a PDF file out, rendered by WeasyPrint.
 
 Progress, the page limit and cancellation ride on WeasyPrint's progress log, the
-only hook it has inside layout: a handler raising there stops the render. Only
+only hook it has inside layout: a handler raising there stops the render. The size
+of the parsed document (elements, nesting) is checked before styling, which costs
+far more per element than parsing; what its resources become, in the fetcher. Only
 workers import this module (the schemas live in `pdf_spec`).
 """
 
@@ -14,12 +16,19 @@ import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from xml.etree.ElementTree import Element
 
 import weasyprint
 from django.conf import settings
 
 from capabilities.context import CapabilityError, JobContext
-from capabilities.fetcher import URLFetchFailed, URLNotAllowed, fetcher_from_settings
+from capabilities.fetcher import (
+    FetchError,
+    ResourceRefused,
+    URLNotAllowed,
+    fetcher_from_settings,
+    shorten_url,
+)
 from capabilities.pdf_spec import DEFAULT_FILENAME, MARGIN_PATTERN, PAGE_SIZES
 from capabilities.protocol.errors import ErrorCode
 
@@ -182,24 +191,59 @@ def _render(html: str, stylesheet: str, ctx: JobContext) -> tuple[bytes, int]:
     try:
         with _PROGRESS_LOG.listening(_Progress(ctx, max_pages)):
             source = weasyprint.HTML(string=html, base_url=None, url_fetcher=fetcher)
+            _check_tree(source.etree_element)
             extra = [weasyprint.CSS(string=stylesheet, url_fetcher=fetcher)] if stylesheet else []
             document = source.render(stylesheets=extra)
-            return document.write_pdf(), len(document.pages)
+            pdf = document.write_pdf()
+            # WeasyPrint swallows even a fatal fetch error while it draws an SVG's images.
+            if fetcher.failure is not None:
+                raise fetcher.failure
+            return pdf, len(document.pages)
     except _TooManyPages:
         message = f"The document has more than {max_pages} pages."
         raise _invalid("html", message, limit=max_pages) from None
-    except URLNotAllowed as error:
-        raise CapabilityError(
-            ErrorCode.PERMISSION_DENIED,
-            f"Fetching {error.url} is not allowed: {error.reason}.",
-            details={"url": error.url},
-        ) from error
-    except URLFetchFailed as error:
-        raise CapabilityError(
-            ErrorCode.OPERATION_FAILED,
-            f"Fetching {error.url} failed: {error.reason}.",
-            details={"url": error.url},
-        ) from error
+    except RecursionError:
+        # Within MAX_PDF_DEPTH, some structures still recurse past Python's limit (nested
+        # inline-blocks or inline tables); a higher MAX_PDF_DEPTH lets more through.
+        message = "The document is nested too deeply to lay out."
+        raise _invalid("html", message) from None
+    except FetchError as error:
+        raise _fetch_error(error) from error
+
+
+def _check_tree(root: Element) -> None:
+    """Refuse a parsed document with too many elements or too deep a nesting."""
+    max_elements: int = settings.ABP["MAX_PDF_ELEMENTS"]
+    max_depth: int = settings.ABP["MAX_PDF_DEPTH"]
+    elements = 0
+    # Depth first, without recursion: the nesting is what is being measured.
+    pending = [(root, 1)]
+    while pending:
+        element, depth = pending.pop()
+        elements += 1
+        if elements > max_elements:
+            message = f"The document has more than {max_elements} elements."
+            raise _invalid("html", message, limit=max_elements)
+        if depth > max_depth:
+            message = f"The document nests elements more than {max_depth} deep."
+            raise _invalid("html", message, limit=max_depth)
+        pending.extend((child, depth + 1) for child in element)
+
+
+def _fetch_error(error: FetchError) -> CapabilityError:
+    """The call's error for a resource that stopped the render; its URL shortened."""
+    url = shorten_url(error.url)
+    if isinstance(error, ResourceRefused):
+        details: dict[str, Any] = {"path": "html", "url": url}
+        if error.limit is not None:
+            details["limit"] = error.limit
+        message = f"The resource {url} is refused: {error.reason}."
+        return CapabilityError(ErrorCode.INVALID_PARAMS, message, details=details)
+    if isinstance(error, URLNotAllowed):
+        message = f"Fetching {url} is not allowed: {error.reason}."
+        return CapabilityError(ErrorCode.PERMISSION_DENIED, message, details={"url": url})
+    message = f"Fetching {url} failed: {error.reason}."
+    return CapabilityError(ErrorCode.OPERATION_FAILED, message, details={"url": url})
 
 
 def warm_up() -> None:

@@ -14,7 +14,11 @@ from capabilities.schemas import binary_result
 DESCRIPTION = (
     "Render an HTML document (with its CSS, print media) to a PDF. Relative URLs do not "
     "resolve; images, stylesheets and fonts load from data: URLs, or over http(s) from "
-    "the server's allow-listed hosts only. Reports progress page by page; cancellable."
+    "the server's allow-listed hosts only. Raster images must be JPEG, PNG, WebP, GIF or "
+    "TIFF. The server bounds a document's pages, elements and nesting depth, each font's "
+    "and image's decoded size, and all its resources together: past one, the call fails "
+    "with INVALID_PARAMS, a message naming it and details.limit. Reports progress page "
+    "by page; cancellable."
 )
 
 _LENGTH = r"(0|[0-9]{1,4}(\.[0-9]{1,3})?(mm|cm|in|pt|pc|px))"

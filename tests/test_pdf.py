@@ -18,6 +18,14 @@ from pypdf import PdfReader
 from capabilities import pdf, pdf_spec
 from capabilities.context import CapabilityError, JobAborted
 from tests.support.context import RecordingContext
+from tests.test_fetcher import (
+    data_url,
+    image,
+    png_header,
+    real_font,
+    woff2_bomb,
+    woff_bomb,
+)
 
 # A 1x1 transparent PNG.
 PNG_DATA_URL = (
@@ -289,6 +297,14 @@ def test_internal_addresses_are_denied_even_when_allow_listed(url: str) -> None:
     assert error.details == {"url": url}
 
 
+def test_long_urls_are_shortened_in_errors() -> None:
+    url = "file:///" + "a" * 5000
+    error = refusal({"html": f'<img src="{url}">'})
+    assert error.code == "PERMISSION_DENIED"
+    assert error.details == {"url": url[:60] + "…"}
+    assert len(error.message) < 200
+
+
 def test_a_failed_fetch_fails_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
     def getaddrinfo(*args: Any, **kwargs: Any) -> list[Any]:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
@@ -309,6 +325,152 @@ def test_data_urls_render(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ssl, "create_default_context", forbidden)
     html = f'<img src="{PNG_DATA_URL}" style="width: 10mm"><p>x</p>'
     assert len(render({"html": html}).pages) == 1
+
+
+def font_face(url: str) -> str:
+    return (
+        f"<style>@font-face {{ font-family: f; src: url({url}) }} p {{ font-family: f }}</style>"
+        "<p>x</p>"
+    )
+
+
+def resource_refusal(html: str, **overrides: Any) -> CapabilityError:
+    """The runner's refusal of a resource: INVALID_PARAMS on html, its URL shortened."""
+    with limits(**overrides):
+        error = refusal({"html": html})
+    assert error.code == "INVALID_PARAMS", error
+    assert error.details is not None
+    assert error.details["path"] == "html"
+    assert len(error.details["url"]) <= 61
+    assert len(error.message) < 300
+    return error
+
+
+@pytest.mark.parametrize("font", [woff_bomb(), woff2_bomb()], ids=["woff", "woff2"])
+def test_a_font_declaring_too_much_is_invalid(font: bytes) -> None:
+    error = resource_refusal(font_face(data_url("font/woff", font)))
+    assert error.details is not None
+    assert error.details["limit"] == settings.ABP["MAX_FONT_BYTES"]
+    assert "declaring" in error.message
+
+
+@pytest.mark.parametrize("flavor", [None, "woff", "woff2"])
+def test_real_fonts_render(flavor: str | None) -> None:
+    reader = render({"html": font_face(data_url("font/woff", real_font(flavor)))})
+    fonts: Any = reader.pages[0]["/Resources"]
+    # The font loaded takes the @font-face's family name; a font that failed, DejaVu's.
+    names = [str(font.get_object()["/BaseFont"]) for font in fonts["/Font"].values()]
+    assert [name.split("+")[1] for name in names] == ["f"]
+
+
+@pytest.mark.parametrize(
+    "png", [png_header(12000, 12000), png_header(12000, 12000, bit_depth=16)], ids=["8", "16"]
+)
+@pytest.mark.parametrize(
+    "template",
+    ['<img src="{}">', "<style>p {{ background: url({}) }}</style><p>x</p>"],
+    ids=["img", "css"],
+)
+def test_an_image_over_the_pixel_limit_is_invalid(png: bytes, template: str) -> None:
+    error = resource_refusal(template.format(data_url("image/png", png)))
+    assert error.details is not None
+    assert error.details["limit"] == settings.ABP["MAX_IMAGE_PIXELS"]
+    assert "pixels" in error.message
+
+
+def test_the_pixel_limit_is_the_setting() -> None:
+    error = resource_refusal(
+        f'<img src="{data_url("image/png", image("PNG"))}">', MAX_IMAGE_PIXELS=199
+    )
+    assert error.details is not None
+    assert error.details["limit"] == 199
+    assert "20x10" in error.message
+
+
+@pytest.mark.parametrize("kind", ["BMP", "ICO"])
+def test_raster_formats_outside_the_allow_list_are_invalid(kind: str) -> None:
+    error = resource_refusal(f'<img src="{data_url("image/png", image(kind))}">')
+    assert error.details is not None
+    assert "limit" not in error.details
+    assert kind in error.message
+
+
+def test_a_refusal_inside_an_svg_still_fails_the_call() -> None:
+    # WeasyPrint draws an SVG's own images inside `except BaseException`.
+    inner = data_url("image/bmp", image("BMP"))
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10">'
+        f'<image href="{inner}" width="10" height="10"/></svg>'
+    )
+    resource_refusal(f'<img src="{data_url("image/svg+xml", svg.encode())}">')
+
+
+def test_the_budget_counts_all_resources_once_each() -> None:
+    one, other = data_url("image/png", image("PNG")), data_url("image/gif", image("GIF"))
+    # WeasyPrint fetches an image once per render, however often it is used.
+    assert len(render({"html": f'<img src="{one}">' * 30}).pages) == 1
+    with limits(MAX_PDF_RESOURCE_BYTES=1000):
+        assert len(render({"html": f'<img src="{one}">' * 30}).pages) == 1
+    error = resource_refusal(f'<img src="{one}"><img src="{other}">', MAX_PDF_RESOURCE_BYTES=1000)
+    assert error.details is not None
+    assert error.details["limit"] == 1000
+
+
+def test_a_data_url_is_bounded_like_a_fetched_body() -> None:
+    html = f"<style>@import url({data_url('text/css', b' ' * 2001)});</style><p>x</p>"
+    error = resource_refusal(html, URL_FETCH_MAX_BYTES=2000)
+    assert error.details is not None
+    assert error.details["limit"] == 2000
+
+
+def test_too_many_elements_are_refused_before_styling() -> None:
+    ctx = RecordingContext()
+    with limits(MAX_PDF_ELEMENTS=100):
+        # html, head and body are elements too.
+        assert render({"html": "<p>x</p>" * 97}).pages
+        error = refusal({"html": "<p>x</p>" * 98}, ctx)
+    assert error.code == "INVALID_PARAMS"
+    assert error.details == {"path": "html", "limit": 100}
+    assert {report["stage"] for report in ctx.reports} == {"parse"}
+
+
+def nested(depth: int, opening: str, closing: str, per_level: int) -> str:
+    """Elements nested `depth` deep, html and body included, `per_level` per repeat."""
+    levels, rest = divmod(depth - 2, per_level)
+    return opening * levels + "<div>" * rest + "x" + "</div>" * rest + closing * levels
+
+
+def nested_tables(depth: int) -> str:
+    return nested(depth, "<table><tr><td>", "</td></tr></table>", 4)
+
+
+@pytest.mark.parametrize(
+    ("opening", "closing", "per_level"),
+    [
+        ("<table><tr><td>", "</td></tr></table>", 4),  # with the tbody the parser adds
+        ("<div>", "</div>", 1),
+        ("<ul><li>", "</li></ul>", 2),
+        ('<div style="float: left">', "</div>", 1),
+    ],
+    ids=["tables", "divs", "lists", "floats"],
+)
+def test_nesting_up_to_the_depth_limit_renders(opening: str, closing: str, per_level: int) -> None:
+    depth: int = settings.ABP["MAX_PDF_DEPTH"]
+    assert len(render({"html": nested(depth, opening, closing, per_level)}).pages) == 1
+    ctx = RecordingContext()
+    error = refusal({"html": nested(depth + 1, opening, closing, per_level)}, ctx)
+    assert error.code == "INVALID_PARAMS"
+    assert error.details == {"path": "html", "limit": depth}
+    assert {report["stage"] for report in ctx.reports} == {"parse"}
+
+
+def test_a_recursion_error_in_layout_is_invalid_params() -> None:
+    # Past the depth limit, as a higher setting would let through.
+    with limits(MAX_PDF_DEPTH=10_000):
+        error = refusal({"html": nested_tables(2000 * 4)})
+    assert error.code == "INVALID_PARAMS"
+    assert error.details == {"path": "html"}
+    assert "nested too deeply" in error.message
 
 
 INPUT_VALIDATOR = Draft202012Validator(pdf_spec.INPUT_SCHEMA)
