@@ -47,17 +47,14 @@ def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) 
 
 def create_job(principal: Principal, **job: Any) -> Job:
     """`jobs.create_job`, unless the principal already has its most calls in flight."""
-    limit = principal.max_calls_in_flight
-    held = Job.objects.filter(principal=principal.rate_limit_id, status__in=ACTIVE_STATUSES).count()
-    if held >= limit:
-        raise OverBudget(
-            WireError(
-                code=ErrorCode.RATE_LIMITED,
-                message=f"At most {limit} calls of yours may be in flight at once, across "
-                "all your sessions; wait for one to finish.",
-                details={"limit": "callsInFlight", "max": limit},
-            )
-        )
+    held = Job.objects.filter(principal=principal.rate_limit_id, status__in=ACTIVE_STATUSES)
+    _refuse_at(
+        held.count(),
+        principal.max_calls_in_flight,
+        "callsInFlight",
+        "calls of yours may be in flight at once, across all your sessions; wait for one "
+        "to finish.",
+    )
     return jobs.create_job(principal=principal.rate_limit_id, **job)
 
 
@@ -65,19 +62,25 @@ def open_session(
     principal: Principal, session_id: str, message: Initialize, *, origin: str, resume_token: str
 ) -> None:
     """`session_store.open_session`, unless the principal has its most sessions open."""
-    limit = principal.max_open_sessions
-    held = AgentSession.objects.filter(
-        principal=principal.rate_limit_id, closed_at__isnull=True
-    ).count()
+    held = AgentSession.objects.filter(principal=principal.rate_limit_id, closed_at__isnull=True)
+    _refuse_at(
+        held.count(),
+        principal.max_open_sessions,
+        "openSessions",
+        "sessions of yours may be open at once; shut one down (or let a dropped one expire) first.",
+    )
+    session_store.open_session(
+        session_id, message, origin=origin, principal=principal, resume_token=resume_token
+    )
+
+
+def _refuse_at(held: int, limit: int, name: str, what: str) -> None:
+    """OverBudget (RATE_LIMITED, `details: {limit: name, max}`) once `held` reaches `limit`."""
     if held >= limit:
         raise OverBudget(
             WireError(
                 code=ErrorCode.RATE_LIMITED,
-                message=f"At most {limit} sessions of yours may be open at once; shut one "
-                "down (or let a dropped one expire) first.",
-                details={"limit": "openSessions", "max": limit},
+                message=f"At most {limit} {what}",
+                details={"limit": name, "max": limit},
             )
         )
-    session_store.open_session(
-        session_id, message, origin=origin, principal=principal, resume_token=resume_token
-    )

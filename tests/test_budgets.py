@@ -19,7 +19,7 @@ from capabilities import agent_keys, page_tokens
 from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running
-from tests.support.stack import Stack, free_port, port_open
+from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
 PAGE = "page:127.0.0.1"
@@ -40,13 +40,8 @@ SMALL_LIMITS = {
 @pytest.fixture(scope="module")
 def limited(stack: Stack) -> Iterator[str]:
     """The base URL of a Daphne with small limits, beside the stack's."""
-    port = free_port()
-    web = stack.new_web(port, name="daphne-limited", env=SMALL_LIMITS)
-    web.start(lambda: port_open(port))
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        web.stop()
+    with stack.another_web("daphne-limited", SMALL_LIMITS) as where:
+        yield where
 
 
 def ws(limited: str) -> str:

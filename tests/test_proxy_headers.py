@@ -19,7 +19,7 @@ from abpsite.proxies import behind_trusted_proxies
 from capabilities import page_tokens
 from capabilities.models import AgentSession
 from tests.support.agent import Agent
-from tests.support.stack import Stack, free_port, port_open
+from tests.support.stack import Stack
 
 PROXY = "127.0.0.1"
 CLIENT = "198.51.100.7"  # what the proxy saw, appended after whatever the client sent
@@ -84,17 +84,9 @@ def test_an_entry_that_is_no_address_or_network_is_refused(entry: str) -> None:
 @pytest.fixture(scope="module")
 def behind_proxy(stack: Stack) -> Iterator[str]:
     """host:port of a Daphne that trusts 127.0.0.1 (the tests play its proxy)."""
-    port = free_port()
-    web = stack.new_web(
-        port,
-        name="daphne-proxied",
-        env={"ABP_TRUSTED_PROXIES": PROXY, "ABP_PAGE_TOKEN_CALLS_PER_MINUTE": "2"},
-    )
-    web.start(lambda: port_open(port))
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        web.stop()
+    env = {"ABP_TRUSTED_PROXIES": PROXY, "ABP_PAGE_TOKEN_CALLS_PER_MINUTE": "2"}
+    with stack.another_web("daphne-proxied", env) as where:
+        yield where
 
 
 def page_agent(where: str, forwarded_for: str) -> Agent:

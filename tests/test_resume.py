@@ -21,7 +21,7 @@ from capabilities import agent_keys, resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent, Envelope
 from tests.support.jobs import wait_running
-from tests.support.stack import ManagedProcess, Stack, free_port, port_open
+from tests.support.stack import ManagedProcess, Stack
 from tests.support.waiting import eventually
 
 LONG = {"steps": 100, "stepMs": 20}  # about 2 s
@@ -174,13 +174,8 @@ def test_resuming_while_the_old_socket_is_open_takes_the_session_over(stack: Sta
 
 @pytest.fixture
 def second_daphne(stack: Stack) -> Iterator[str]:
-    port = free_port()
-    web = stack.new_web(port, name="daphne-2")
-    web.start(lambda: port_open(port))
-    try:
-        yield f"ws://127.0.0.1:{port}/abp/ws"
-    finally:
-        web.stop()
+    with stack.another_web("daphne-2") as where:
+        yield f"ws://{where}/abp/ws"
 
 
 def test_a_session_resumes_through_another_daphne(stack: Stack, second_daphne: str) -> None:

@@ -6,6 +6,7 @@ Redis on a free port, a Celery worker (prefork), Celery beat (the reaper) and Da
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,6 +177,17 @@ class Stack:
             ),
             self.run_dir,
         )  # fmt: skip
+
+    @contextlib.contextmanager
+    def another_web(self, name: str, env: dict[str, str] | None = None) -> Iterator[str]:
+        """A second Daphne beside the stack's (its own `env` on top), as host:port."""
+        port = free_port()
+        web = self.new_web(port, name=name, env=env)
+        web.start(lambda: port_open(port))
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            web.stop()
 
     @property
     def ws_url(self) -> str:
