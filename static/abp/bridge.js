@@ -28,13 +28,13 @@
  * @module abp/bridge
  */
 
-import { PageToken } from "./client.js";
+import { WebSocketTransport } from "./client.js";
+import { PageToken } from "./page_token.js";
 import {
   BridgeMessageType,
   ErrorCode,
   MessageType,
   REPLY_TYPES,
-  bearerSubprotocols,
   decodeBinaryOutputs,
   encodeBinaryInputs,
   envelope,
@@ -42,7 +42,6 @@ import {
   isExpiredRefusal,
   isRecord,
   newId,
-  parseTextFrame,
   refusalError,
   refusalNotice,
   wireError,
@@ -53,6 +52,7 @@ const loadedAt = Date.now();
 
 /** @typedef {import("./wire.js").Envelope} Envelope */
 /** @typedef {import("./wire.js").WireError} WireError */
+/** @typedef {import("./client.js").CloseInfo} CloseInfo */
 
 /**
  * @typedef {object} BridgeConfig Rendered by the server into #abp-embed-config.
@@ -121,7 +121,7 @@ export class Bridge {
   #parent;
   /** The parent's origin, once a message from it was accepted: replies go there. @type {string | null} */
   #origin = null;
-  /** @type {WebSocket | null} */
+  /** @type {WebSocketTransport | null} */
   #socket = null;
   /** A page token is being fetched; the socket opens when it comes. */
   #starting = false;
@@ -295,7 +295,7 @@ export class Bridge {
   /** @param {string} text */
   #relay(text) {
     const socket = this.#socket;
-    if (socket !== null && socket.readyState === WebSocket.OPEN) {
+    if (socket !== null && socket.isOpen) {
       this.#send(socket, text);
       return;
     }
@@ -303,16 +303,16 @@ export class Bridge {
     if (socket === null && !this.#starting) void this.#connect();
   }
 
-  /** @param {WebSocket} socket @param {string} text */
+  /** @param {WebSocketTransport} socket @param {string} text */
   #send(socket, text) {
-    socket.send(text);
+    socket.sendText(text);
     this.#unheard?.push(text);
   }
 
   /**
    * Get a page token, then open the socket. `refused` is the close that asked for a
    * fresh token: when none comes, the requests waiting are answered with its refusal.
-   * @param {{code: number, reason: string, notice: Record<string, any> | null}} [refused]
+   * @param {CloseInfo & {notice: Record<string, any> | null}} [refused]
    */
   async #connect(refused) {
     const generation = this.#generation;
@@ -327,14 +327,14 @@ export class Bridge {
     if (generation !== this.#generation) return; // the parent left meanwhile
     this.#starting = false;
     if (refused !== undefined && token === undefined) {
-      this.#settle(refused.code, refused.reason, refused.notice);
+      this.#settle(refused, refused.notice);
       return;
     }
     try {
       this.#open(token);
     } catch (error) {
       console.error("ABP bridge: could not open the app's WebSocket", error);
-      this.#settle(1006, String(error));
+      this.#settle({ code: 1006, reason: String(error) });
     }
   }
 
@@ -342,18 +342,8 @@ export class Bridge {
   #open(token) {
     const url = new URL(this.#config.endpoint, location.href);
     url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-    const socket = new WebSocket(url, token ? bearerSubprotocols(token) : undefined);
-    this.#socket = socket;
-    this.#unheard = [];
-    this.#refusal = null;
-    socket.addEventListener("open", () => {
-      const queued = this.#queue;
-      this.#queue = [];
-      for (const text of queued) this.#send(socket, text);
-    });
-    socket.addEventListener("message", (event) => {
-      const message = parseTextFrame(event);
-      if (message === undefined) return;
+    const socket = new WebSocketTransport(url.href, token);
+    socket.onmessage = (/** @type {any} */ message) => {
       if (socket === this.#socket) {
         if (refusalNotice(message) !== null) {
           this.#refusal = message; // the close follows
@@ -364,8 +354,17 @@ export class Bridge {
       this.#outbound = this.#outbound
         .then(() => this.#deliver(message))
         .catch((error) => console.error("ABP bridge: could not deliver a message", error));
-    });
-    socket.addEventListener("close", (event) => this.#closed(socket, event.code, event.reason), { once: true });
+    };
+    socket.onclose = (info) => this.#closed(socket, info);
+    const opened = socket.open(); // a URL the WebSocket refuses throws here, before it is taken
+    this.#socket = socket;
+    this.#unheard = [];
+    this.#refusal = null;
+    opened.then(() => {
+      const queued = this.#queue;
+      this.#queue = [];
+      for (const text of queued) this.#send(socket, text);
+    }, () => {}); // closed before it opened: onclose answers
   }
 
   /** A message from the server, to the parent. @param {Record<string, any>} message */
@@ -414,8 +413,8 @@ export class Bridge {
     return { data: out, buffers };
   }
 
-  /** @param {WebSocket} socket @param {number} code @param {string} reason */
-  #closed(socket, code, reason) {
+  /** @param {WebSocketTransport} socket @param {CloseInfo} info */
+  #closed(socket, info) {
     if (socket !== this.#socket) return;
     this.#socket = null;
     const unread = this.#unheard;
@@ -424,24 +423,24 @@ export class Bridge {
     this.#retrying = false;
     const notice = this.#refusal;
     this.#refusal = null;
-    const refused = refusalError(code, reason, refusalNotice(notice));
+    const refused = refusalError(info.code, info.reason, refusalNotice(notice));
     if (isExpiredRefusal(refused) && unread !== null && !retried) {
       // Refused before it read a frame: the same frames, once, on a socket with a fresh token.
       this.#retrying = true;
       this.#queue = [...unread, ...this.#queue];
-      void this.#connect({ code, reason, notice });
+      void this.#connect({ ...info, notice });
       return;
     }
-    this.#settle(code, reason, notice);
+    this.#settle(info, notice);
   }
 
   /**
    * The socket is gone: answer every request still waiting (PERMISSION_DENIED when the
    * app refused the credential, else DISCONNECTED), then tell the parent.
-   * @param {number} code @param {string} reason
+   * @param {CloseInfo} info
    * @param {Record<string, any> | null} [notice] The app's refusal notice, passed on first.
    */
-  #settle(code, reason, notice = null) {
+  #settle({ code, reason }, notice = null) {
     this.#queue = [];
     this.#retrying = false;
     const waiting = [...this.#relayed.entries()];
@@ -469,7 +468,7 @@ export class Bridge {
         // Nothing was sent yet: drop what waits for the token.
         this.#generation += 1;
         this.#starting = false;
-        this.#settle(1000, reason);
+        this.#settle({ code: 1000, reason });
       }
       return;
     }
@@ -481,12 +480,12 @@ export class Bridge {
       }
     }
     frames.push(JSON.stringify(envelope(MessageType.SHUTDOWN, { reason })));
-    if (socket.readyState === WebSocket.OPEN) {
-      for (const text of frames) socket.send(text);
+    if (socket.isOpen) {
+      for (const text of frames) socket.sendText(text);
     }
-    socket.close(1000, "parent left");
+    socket.close("parent left");
     // Answer the parent now (it may still be there, if only this iframe is going).
-    this.#closed(socket, 1000, reason);
+    this.#closed(socket, { code: 1000, reason });
   }
 }
 

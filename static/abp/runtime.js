@@ -5,12 +5,12 @@
  *
  * Loaded synchronously, first in <head>, so `window.abp` exists before any other
  * script runs. It is small on purpose: the session is spoken by client.js over the
- * app's WebSocket (same host, ws: or wss: by the page's scheme), imported when the
- * agent calls initialize(). Configuration comes from this script tag's data-*
- * attributes: data-endpoint (the WebSocket path), data-manifest, data-app-id,
- * data-app-name, data-app-version, and the page's credential: data-token (a signed
- * page token, good for this page's origin), data-token-max-age (its lifetime in
- * seconds) and data-token-url (where a fresh one comes from).
+ * app's WebSocket (same host, ws: or wss: by the page's scheme), imported with
+ * page_token.js when the agent calls initialize(). Configuration comes from this
+ * script tag's data-* attributes: data-endpoint (the WebSocket path), data-manifest,
+ * data-app-id, data-app-name, data-app-version, and the page's credential: data-token
+ * (a signed page token, good for this page's origin), data-token-max-age (its
+ * lifetime in seconds) and data-token-url (where a fresh one comes from).
  *
  * The socket is opened with the page token as its subprotocol. A token older than
  * half its max age (counted from this script's load) is replaced by a fresh one
@@ -40,6 +40,7 @@
   const script = /** @type {HTMLScriptElement | null} */ (document.currentScript);
   const data = script ? script.dataset : {};
   const clientUrl = new URL("client.js", script ? script.src : location.href).href;
+  const pageTokenUrl = new URL("page_token.js", script ? script.src : location.href).href;
   const manifestUrl = new URL(data.manifest || "/abp.json", location.href).href;
 
   function endpoint() {
@@ -48,10 +49,17 @@
     return url.href;
   }
 
+  // The codes the runtime answers with itself, before it has imported client.js (and
+  // with it wire.js's ErrorCode): a classic script has no static imports. Neither is
+  // retryable; tests/test_error_codes_pinned.py holds both facts to the server's codes.
+  const ErrorCode = Object.freeze({
+    NOT_INITIALIZED: "NOT_INITIALIZED",
+    ALREADY_INITIALIZED: "ALREADY_INITIALIZED",
+  });
+
   /** @param {string} code @param {string} message */
   function error(code, message) {
-    const retryable = code === "DISCONNECTED" || code === "TRANSPORT_ERROR" || code === "INTERNAL_ERROR";
-    return { code, message, retryable };
+    return { code, message, retryable: false };
   }
 
   /** @param {string | undefined} callId @param {{code: string, message: string, retryable: boolean}} err */
@@ -62,7 +70,7 @@
 
   /** @type {any} client.js, once imported. */
   let clientModule = null;
-  /** @type {any} The page's PageToken (client.js). */
+  /** @type {any} The page's PageToken (page_token.js). */
   let pageToken = null;
   /** @type {any} The ABPClient of the open session. */
   let client = null;
@@ -142,15 +150,16 @@
    * @param {any} params
    */
   async function open(params) {
-    clientModule = clientModule || (await import(clientUrl));
-    pageToken =
-      pageToken ||
-      new clientModule.PageToken({
+    if (clientModule === null) {
+      const [imported, { PageToken }] = await Promise.all([import(clientUrl), import(pageTokenUrl)]);
+      pageToken = new PageToken({
         token: data.token,
         url: data.tokenUrl,
         maxAgeSeconds: data.tokenMaxAge,
         issuedAt: loadedAt,
       });
+      clientModule = imported;
+    }
     let token = await pageToken.get();
     for (let retried = false; ; retried = true) {
       /** @type {any} */
@@ -204,7 +213,7 @@
     async initialize(params = {}) {
       if (client !== null || opening !== null) {
         throw Object.assign(new Error("A session is open already; shut it down first."), {
-          code: "ALREADY_INITIALIZED",
+          code: ErrorCode.ALREADY_INITIALIZED,
           retryable: false,
         });
       }
@@ -243,7 +252,7 @@
      */
     async call(capability, params = {}, options = {}) {
       const opts = { ...options };
-      if (client === null) return failed(opts.callId, error("NOT_INITIALIZED", "Call abp.initialize() first."));
+      if (client === null) return failed(opts.callId, error(ErrorCode.NOT_INITIALIZED, "Call abp.initialize() first."));
       if (!opts.callId) opts.callId = clientModule.newId();
       if (opts.progressToken === undefined && wantsProgress) opts.progressToken = opts.callId;
       return client.call(capability, params, opts);
@@ -257,7 +266,7 @@
     async cancel(callId, reason) {
       if (typeof callId === "object" && callId !== null) ({ callId, reason } = callId);
       if (client === null) {
-        return { callId, cancelled: false, error: error("NOT_INITIALIZED", "Call abp.initialize() first.") };
+        return { callId, cancelled: false, error: error(ErrorCode.NOT_INITIALIZED, "Call abp.initialize() first.") };
       }
       return client.cancel(callId, reason);
     },

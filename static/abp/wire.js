@@ -1,8 +1,8 @@
 // @ts-check
 /**
  * ABP wire types and pure helpers shared by the browser modules (client.js, bridge.js,
- * and runtime.js through client.js): the envelope, error codes, responses built
- * locally, and binary conversion. No I/O here.
+ * page_token.js, and runtime.js through client.js): the envelope, error codes,
+ * responses built locally, and binary conversion. No I/O here.
  *
  * The contract is ABP 0.1 as PROTOCOL.md writes it.
  * @module abp/wire
@@ -25,7 +25,7 @@ export const MessageType = Object.freeze({
   ELICITATION_RESPONSE: "elicitation/response",
 });
 
-/** The reply type of each request type that has one. */
+/** The reply type of each request type that has one. @type {Readonly<Record<string, string>>} */
 export const REPLY_TYPES = Object.freeze({
   [MessageType.INITIALIZE]: MessageType.INITIALIZE_RESULT,
   [MessageType.CALL]: MessageType.CALL_RESULT,
@@ -47,7 +47,10 @@ export const BridgeMessageType = Object.freeze({
   CLOSED: "abp-bridge/closed",
 });
 
-/** Error codes: the spec's, plus the server's own. */
+/**
+ * Error codes: the spec's, plus the server's own. The browser modules' one list; it and
+ * RETRYABLE_CODES are held to the server's by tests/test_error_codes_pinned.py.
+ */
 export const ErrorCode = Object.freeze({
   NOT_INITIALIZED: "NOT_INITIALIZED",
   ALREADY_INITIALIZED: "ALREADY_INITIALIZED",
@@ -98,7 +101,8 @@ export const SUBPROTOCOL = "abp";
 /** A credential travels as the subprotocol `abp.bearer.<credential>`. */
 export const BEARER_SUBPROTOCOL_PREFIX = "abp.bearer.";
 
-const RETRYABLE = new Set([
+/** Codes for which trying the same thing again later may succeed. @type {ReadonlySet<string>} */
+const RETRYABLE_CODES = new Set([
   ErrorCode.RATE_LIMITED,
   ErrorCode.INTERNAL_ERROR,
   ErrorCode.TRANSPORT_ERROR,
@@ -247,7 +251,7 @@ export function envelope(type, payload = {}, id = newId()) {
  */
 export function wireError(code, message, details) {
   /** @type {WireError} */
-  const error = { code, message, retryable: RETRYABLE.has(code) };
+  const error = { code, message, retryable: RETRYABLE_CODES.has(code) };
   if (details) error.details = details;
   return error;
 }
