@@ -116,6 +116,7 @@ lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
+	$(BIN)/lint-imports
 
 # The tests start their own Redis, Celery worker and beat and Daphne (tests/conftest.py).
 test: deps lint

@@ -16,9 +16,9 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - after setup
 
 from abpsite.proxies import behind_trusted_proxies  # noqa: E402
-from capabilities.hosts import AllowedHostsValidator  # noqa: E402
-from capabilities.routing import websocket_urlpatterns  # noqa: E402
-from capabilities.security import browser_origin_validator  # noqa: E402
+from capabilities.transport.browser_origins import browser_origin_validator  # noqa: E402
+from capabilities.transport.hosts import AllowedHostsValidator  # noqa: E402
+from capabilities.transport.routing import websocket_urlpatterns  # noqa: E402
 
 
 def _close_oversized_frames_with_1009() -> None:

@@ -8,4 +8,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "abpsite.settings")
 
 app = Celery("abpsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
+# The default in every thread: capabilities/jobs/queue.py sends through `current_app`.
+app.set_default()
+# Only the worker loads the tasks (and with them WeasyPrint and Pillow); Daphne
+# queues and revokes them by name (capabilities/jobs/queue.py).
+app.conf.imports = ("capabilities.worker.tasks",)

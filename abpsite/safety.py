@@ -6,7 +6,7 @@ whole list, so an operator fixes them in one go instead of one restart per probl
 
 from __future__ import annotations
 
-from capabilities.origins import BadOrigin, normalize_origin
+from capabilities.access.origins import BadOrigin, normalize_origin
 
 # Django's own `check --deploy` (W009) wants at least this much of a SECRET_KEY.
 MIN_SECRET_KEY_LENGTH = 50

@@ -5,5 +5,5 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", include("capabilities.urls")),
+    path("", include("capabilities.web.urls")),
 ]

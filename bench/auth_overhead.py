@@ -27,7 +27,10 @@ STACK = environment.prepare("abp-bench-")
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 from bench import stats  # noqa: E402
-from capabilities import page_tokens, rate_limits  # noqa: E402
+from capabilities.access import (  # noqa: E402
+    page_tokens,
+    rate_limits,
+)
 from tests.support.agent import Agent  # noqa: E402
 
 

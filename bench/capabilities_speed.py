@@ -37,7 +37,8 @@ import weasyprint  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from bench import stats  # noqa: E402
-from capabilities import images, pdf  # noqa: E402
+from capabilities.work.images import runner as images  # noqa: E402
+from capabilities.work.pdf import runner as pdf  # noqa: E402
 from tests.support.agent import Agent  # noqa: E402
 
 

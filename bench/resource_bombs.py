@@ -130,8 +130,8 @@ def child(path: str, address_space: int) -> None:
     import django
 
     django.setup()
-    from capabilities import pdf
-    from capabilities.context import CapabilityError
+    from capabilities.work.context import CapabilityError
+    from capabilities.work.pdf import runner as pdf
     from tests.support.context import RecordingContext
 
     # Loads Pillow's PNG plugin, fontTools and WeasyPrint's caches, as a worker has.

@@ -1,6 +1,6 @@
 """Sessions and jobs: the durable record of every call.
 
-State changes go through `capabilities.jobs`; nothing else updates a job's status.
+State changes go through `capabilities.jobs.lifecycle`; nothing else updates a job's status.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class AgentSession(models.Model):
     # How the connection authenticated: key, page (a page token) or anonymous.
     auth = models.CharField(max_length=10, blank=True)
     client_address = models.CharField(max_length=100, blank=True)
-    # Whose budgets the session spends (ws_auth.Principal.rate_limit_id): a key, or
+    # Whose budgets the session spends (access/principal.py, rate_limit_id): a key, or
     # the client address of page-token and anonymous connections.
     principal = models.CharField(max_length=120, blank=True)
     connected_at = models.DateTimeField(default=timezone.now)
@@ -123,11 +123,6 @@ class AgentSession(models.Model):
     def __str__(self) -> str:
         return f"{self.agent_name or 'agent'} {self.id}"
 
-    @property
-    def group_name(self) -> str:
-        """The channel-layer group its consumer listens on."""
-        return session_group(self.id)
-
 
 def session_group(session_id: uuid.UUID | str) -> str:
     """Channel-layer group name of a session (letters, digits, dots only)."""
@@ -143,7 +138,7 @@ class Job(models.Model):
     request_id = models.CharField(max_length=200, blank=True)
     capability = models.CharField(max_length=100)
     params = models.JSONField(default=dict)
-    # Parameters kept in storage instead of the row (capabilities.inputs): the
+    # Parameters kept in storage instead of the row (capabilities.jobs.inputs): the
     # parameter's name -> its file. Never agent data, so agents cannot name a file.
     spilled = models.JSONField(default=dict, blank=True)
     # Copied from the session: calls in flight per principal are counted on it.

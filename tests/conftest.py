@@ -1,4 +1,9 @@
-"""Test configuration: one private environment and one real stack for the whole run."""
+"""Test configuration: one private environment and one real stack for the whole run.
+
+Importing this sets the environment and Django up and nothing more: the database is
+migrated by the `database` fixture, the first time a test asks for it (`stack` does),
+and a test that did not ask cannot open a connection. Pure tests touch no database.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,38 @@ import pytest
 
 from tests.support import environment
 from tests.support.agent import Agent
+from tests.support.database_guard import DatabaseGuard
 from tests.support.stack import Stack
 
-STACK = environment.prepare("abp-test-")
+STACK = environment.configure("abp-test-")
+DATABASE_GUARD = DatabaseGuard()
+DATABASE_GUARD.install()
 ARTIFACTS = Path(
     os.environ.get("ABP_TEST_ARTIFACTS", Path(__file__).parent.parent / "var" / "test-artifacts")
 )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before any of the test's fixtures: its module- or session-scoped ones may query.
+    DATABASE_GUARD.allowed = "database" in getattr(item, "fixturenames", ())
+
+
+def pytest_sessionfinish() -> None:
+    # A run that never started the stack still leaves its directory behind otherwise.
+    STACK.remove_files()
+    DATABASE_GUARD.uninstall()
+
+
 @pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
-    """The real stack: Redis, Celery worker and beat, Daphne."""
+def database() -> None:
+    """The run's SQLite database, migrated, with the suite's agent key in it."""
+    environment.migrate()
+
+
+@pytest.fixture(scope="session")
+def stack(database: None) -> Iterator[Stack]:
+    """The real stack: Redis, Celery worker and beat, Daphne (on the migrated database)."""
     try:
         STACK.start()
         yield STACK

@@ -21,6 +21,8 @@ from tests.support.agent import Agent
 from tests.support.jobs import wait_running
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.usefixtures("database")
+
 CHANGELIST = reverse("admin:capabilities_job_changelist")
 
 

@@ -10,11 +10,13 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
-from capabilities import agent_keys
+from capabilities.access import agent_keys
 from capabilities.models import AgentKey, AgentSession
 from tests.support.agent import Agent
 from tests.support.stack import Stack
 from tests.test_admin import client_for
+
+pytestmark = pytest.mark.usefixtures("database")
 
 KEY = re.compile(r"abp_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from capabilities import agent_keys, page_tokens
+from capabilities.access import agent_keys, page_tokens
 from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.agent import Agent
-from tests.support.jobs import wait_running, wait_stopped
+from tests.support.jobs import wait_running, wait_stopped, wait_stopped_by_cancel
 from tests.support.stack import Stack
 from tests.support.waiting import eventually, seconds_between
 
@@ -24,7 +26,7 @@ def types_for(agent: Agent, call_id: str) -> list[str]:
     ]
 
 
-def test_cancel_running_call_stops_the_worker_at_a_checkpoint(agent: Agent) -> None:
+def test_cancel_running_call_stops_the_worker_at_a_checkpoint(agent: Agent, stack: Stack) -> None:
     call = agent.call("test.sleep", LONG, call_id="run-1")
     wait_running(agent, "run-1")
 
@@ -37,24 +39,25 @@ def test_cancel_running_call_stops_the_worker_at_a_checkpoint(agent: Agent) -> N
     assert result["payload"]["cancelled"] is True
     assert result["payload"]["error"]["code"] == "CANCELLED"
     assert types_for(agent, "run-1") == ["capabilities/cancel-result", "capabilities/call-result"]
-    job = wait_stopped(agent, "run-1")
+    job = wait_stopped_by_cancel(stack, agent, "run-1")
     assert job.status == JobStatus.CANCELLED
     assert job.cancel_source == CancelSource.AGENT
     assert job.cancel_reason == "user clicked stop"
     assert job.started_at is not None
     assert job.settled_at is not None
-    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
     assert not job.hard_killed
 
 
-def test_cancel_running_call_without_checkpoints_interrupts_the_thread(agent: Agent) -> None:
+def test_cancel_running_call_without_checkpoints_interrupts_the_thread(
+    agent: Agent, stack: Stack
+) -> None:
     call = agent.call("test.sleep", {"mode": "busy", "steps": 1000, "stepMs": 20}, call_id="busy")
     wait_running(agent, "busy")
     agent.cancel("busy")
     assert agent.result_of(call)["payload"]["cancelled"] is True
-    job = wait_stopped(agent, "busy")
-    # Stopped by raising into the thread, well before the 20 s of busy work and the kill.
-    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
+    # Stopped by raising into the thread: before the 20 s of busy work ended, and not
+    # by the kill.
+    job = wait_stopped_by_cancel(stack, agent, "busy")
     assert not job.hard_killed
 
 
@@ -67,8 +70,10 @@ def test_work_that_cannot_be_interrupted_is_killed_after_the_grace_period(
     assert agent.result_of(call)["payload"]["cancelled"] is True
     job = wait_stopped(agent, "blk", timeout=15)
     assert job.hard_killed
-    # The grace period is 1.5 s in the tests; the reaper runs every 0.5 s.
-    assert 1.0 < seconds_between(job.settled_at, job.stopped_at) < 10
+    # Killed only once the grace period had passed since the cancel (no upper bound: the
+    # wait above is the only limit a loaded machine needs).
+    grace = settings.ABP["HARD_KILL_GRACE_SECONDS"]
+    assert seconds_between(job.settled_at, job.stopped_at) >= grace
     # The pool replaced the killed child: the worker still runs jobs.
     quick = agent.call("test.sleep", {"steps": 1, "stepMs": 1}, call_id="after-kill")
     assert agent.result_of(quick, timeout=30)["payload"]["success"] is True
@@ -171,7 +176,7 @@ def test_cancel_before_initialize_is_refused(stack: Stack) -> None:
         assert reply["payload"]["error"]["code"] == "NOT_INITIALIZED"
 
 
-def test_cancel_running_export_pdf(agent: Agent) -> None:
+def test_cancel_running_export_pdf(agent: Agent, stack: Stack) -> None:
     pages = "".join(
         f"<section style='page-break-after: always'>Page {n}</section>" for n in range(400)
     )
@@ -179,8 +184,7 @@ def test_cancel_running_export_pdf(agent: Agent) -> None:
     wait_running(agent, "pdf-run")
     agent.cancel("pdf-run")
     assert agent.result_of(call)["payload"]["cancelled"] is True
-    job = wait_stopped(agent, "pdf-run")
-    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
+    job = wait_stopped_by_cancel(stack, agent, "pdf-run")
     assert not job.hard_killed
 
 

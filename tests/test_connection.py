@@ -7,7 +7,7 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from capabilities import resumption
+from capabilities.calls import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_stopped

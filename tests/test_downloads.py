@@ -16,10 +16,13 @@ from django.core.files.storage import default_storage
 from django.test import Client
 from django.utils import timezone
 
-from capabilities import downloads, retention
+from capabilities.jobs import download_links as downloads
+from capabilities.jobs import retention
 from capabilities.models import AgentSession, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.stack import Stack
+
+pytestmark = pytest.mark.usefixtures("database")
 
 BIG = 300 * 1024  # above the tests' 256 KiB inline limit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from capabilities.models import Job
-from capabilities.tasks import run_job
+from capabilities.worker.tasks import run_job
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running
 from tests.support.stack import Stack

@@ -16,6 +16,7 @@ from tests.support.agent import Agent
 from tests.support.stack import Stack
 
 CALLS = 200
+LONG_STEPS = 12_000  # of 5 ms: a minute
 
 
 def run_random_calls(
@@ -38,8 +39,14 @@ def run_random_calls(
         sent_cancels: list[str] = []
         call_ids = [f"r{n}" for n in range(CALLS)]
         for call_id in call_ids:
-            agent.call("test.sleep", {"steps": rng.randint(0, 6), "stepMs": 5}, call_id=call_id)
-            if rng.random() < 0.5:
+            cancelled = rng.random() < 0.5
+            # Whether a short call's cancel arrives before its end depends on the machine's
+            # speed (a loaded Daphne lags behind the worker). A few cancelled calls run for
+            # a minute, with checkpoints: their cancels land however slow the machine is.
+            long = cancelled and rng.random() < 0.1
+            steps = LONG_STEPS if long else rng.randint(0, 6)
+            agent.call("test.sleep", {"steps": steps, "stepMs": 5}, call_id=call_id)
+            if cancelled:
                 cancel_at.append((time.monotonic() + rng.uniform(0, 0.3), call_id))
             time.sleep(rng.uniform(0, 0.004))
             sent_cancels += _send_due_cancels(agent, cancel_at)

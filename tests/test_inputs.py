@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.core.files.storage import default_storage
 
-from capabilities import inputs
+from capabilities.jobs import inputs
 
 
 def test_large_contents_spill_and_come_back() -> None:

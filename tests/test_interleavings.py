@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from capabilities import replies
+from capabilities.protocol import replies
 from tests.support.agent import Agent, Envelope
 from tests.support.stack import Stack
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
 from django.db import connection
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from capabilities import jobs
+from capabilities.jobs import lifecycle as jobs
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
+
+pytestmark = pytest.mark.usefixtures("database")
 
 
 def new_job(**fields: object) -> Job:

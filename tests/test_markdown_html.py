@@ -9,8 +9,10 @@ from django.conf import settings
 from django.test import override_settings
 from jsonschema import Draft202012Validator
 
-from capabilities import markdown_html, markdown_spec
-from capabilities.context import CapabilityError, JobAborted
+from capabilities.protocol import WireError
+from capabilities.work.context import CapabilityError, JobAborted
+from capabilities.work.markdown import runner as markdown_html
+from capabilities.work.markdown import spec as markdown_spec
 from tests.support.context import RecordingContext
 
 
@@ -27,9 +29,17 @@ def convert(markdown: str, **options: Any) -> str:
 
 def refusal(params: dict[str, Any]) -> CapabilityError:
     """Run the runner, expecting a CapabilityError; the error."""
+    assert markdown_spec.SPEC.validate(params) is None, "the runner only sees valid params"
     with pytest.raises(CapabilityError) as caught:
         markdown_html.run(params, RecordingContext())
     return caught.value
+
+
+def wire_refusal(params: dict[str, Any]) -> WireError:
+    """The input schema's refusal, which the agent gets before any job is queued."""
+    error = markdown_spec.SPEC.validate(params)
+    assert error is not None
+    return error
 
 
 def limits(**overrides: Any) -> override_settings:
@@ -168,22 +178,23 @@ def test_without_sanitize_raw_html_passes_through() -> None:
 def test_markdown_over_the_limit_is_refused() -> None:
     with limits(MAX_MARKDOWN_BYTES=10):
         assert convert("x" * 10) == "<p>xxxxxxxxxx</p>"
-        error = refusal({"markdown": "x" * 11})
+        error = wire_refusal({"markdown": "x" * 11})
     assert error.code == "INVALID_PARAMS"
-    assert error.details == {"path": "params.markdown", "limit": 10}
+    assert error.details == {"path": "params.markdown", "rule": "maxLength", "limit": 10}
 
 
 def test_the_limit_counts_utf8_bytes() -> None:
     with limits(MAX_MARKDOWN_BYTES=10):
-        error = refusal({"markdown": "é" * 6})  # 6 characters, 12 bytes
+        error = wire_refusal({"markdown": "é" * 6})  # 6 characters, 12 bytes
     assert error.code == "INVALID_PARAMS"
-    assert error.details == {"path": "params.markdown", "limit": 10}
+    assert error.details == {"path": "params.markdown", "rule": "maxLength", "limit": 10}
 
 
 def test_the_default_limit_is_one_mib() -> None:
     assert settings.ABP["MAX_MARKDOWN_BYTES"] == 1024 * 1024
 
 
+# Params the input schema refuses never reach the runner: these are the wire's errors.
 @pytest.mark.parametrize(
     ("params", "code", "path"),
     [
@@ -198,9 +209,10 @@ def test_the_default_limit_is_one_mib() -> None:
     ],
 )
 def test_bad_params_are_refused(params: dict[str, Any], code: str, path: str) -> None:
-    error = refusal(params)
+    error = wire_refusal(params)
     assert error.code == code
-    assert error.details == {"path": path}
+    assert error.details is not None
+    assert error.details["path"] == path
 
 
 def test_markdown_nested_too_deeply_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capabilities.origins import BadOrigin, is_allowed, normalize_all, normalize_origin
+from capabilities.access.origins import BadOrigin, is_allowed, normalize_all, normalize_origin
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,10 @@ from django.test import override_settings
 from jsonschema import Draft202012Validator
 from pypdf import PdfReader
 
-from capabilities import pdf, pdf_spec
-from capabilities.context import CapabilityError, JobAborted
+from capabilities.protocol import WireError
+from capabilities.work.context import CapabilityError, JobAborted
+from capabilities.work.pdf import runner as pdf
+from capabilities.work.pdf import spec as pdf_spec
 from tests.support.context import RecordingContext
 from tests.test_fetcher import (
     data_url,
@@ -50,9 +52,17 @@ def render(params: dict[str, Any], ctx: RecordingContext | None = None) -> PdfRe
 
 def refusal(params: dict[str, Any], ctx: RecordingContext | None = None) -> CapabilityError:
     """Run the runner, expecting a CapabilityError; the error."""
+    assert pdf_spec.SPEC.validate(params) is None, "the runner only sees valid params"
     with pytest.raises(CapabilityError) as caught:
         pdf.run(params, ctx or RecordingContext())
     return caught.value
+
+
+def wire_refusal(params: dict[str, Any]) -> WireError:
+    """The input schema's refusal, which the agent gets before any job is queued."""
+    error = pdf_spec.SPEC.validate(params)
+    assert error is not None
+    return error
 
 
 def limits(**overrides: Any) -> override_settings:
@@ -156,24 +166,25 @@ def test_progress_goes_through_every_stage_and_page_in_order() -> None:
     assert ctx.checkpoints >= len(ctx.reports)
 
 
-def test_missing_html_is_a_missing_param() -> None:
-    error = refusal({"options": {}})
-    assert (error.code, error.details) == ("MISSING_PARAM", {"path": "html"})
-
-
+# Params the input schema refuses never reach the runner: these are the wire's errors.
 @pytest.mark.parametrize(
     ("params", "code", "path"),
     [
-        ({"html": "<p>a</p>", "content": "<p>b</p>"}, "INVALID_PARAMS", "html"),
-        ({"html": 42}, "INVALID_TYPE", "html"),
-        ({"html": "x", "options": []}, "INVALID_PARAMS", "options"),
-        ({"html": "x", "options": {"pageSize": "a5"}}, "INVALID_PARAMS", "options.pageSize"),
-        ({"html": "x", "options": {"landscape": "yes"}}, "INVALID_PARAMS", "options.landscape"),
-        ({"html": "x", "options": {"headerText": 7}}, "INVALID_PARAMS", "options.headerText"),
+        ({"options": {}}, "MISSING_PARAM", "params.html"),
+        ({"html": "<p>a</p>", "content": "<p>b</p>"}, "INVALID_PARAMS", "params"),
+        ({"html": 42}, "INVALID_TYPE", "params.html"),
+        ({"html": "x", "options": []}, "INVALID_TYPE", "params.options"),
+        ({"html": "x", "options": {"pageSize": "a5"}}, "INVALID_PARAMS", "params.options.pageSize"),
+        ({"html": "x", "options": {"landscape": "yes"}}, "INVALID_TYPE",
+         "params.options.landscape"),
+        ({"html": "x", "options": {"headerText": 7}}, "INVALID_TYPE", "params.options.headerText"),
+        ({"html": "x", "options": {"headerText": "x" * 501}}, "INVALID_PARAMS",
+         "params.options.headerText"),
+        ({"html": "x", "options": {"filename": 7}}, "INVALID_TYPE", "params.options.filename"),
     ],
-)
+)  # fmt: skip
 def test_unusable_params_are_refused(params: dict[str, Any], code: str, path: str) -> None:
-    error = refusal(params)
+    error = wire_refusal(params)
     assert error.code == code
     assert error.details is not None
     assert error.details["path"] == path
@@ -183,20 +194,27 @@ def test_unusable_params_are_refused(params: dict[str, Any], code: str, path: st
     "margin", ["20mm; } body { color: red", "20", "-5mm", "1e3mm", "calc(1mm)", "20mm\n", ""]
 )
 def test_bad_margins_are_refused(margin: str) -> None:
-    error = refusal({"html": "x", "options": {"margin": margin}})
+    error = wire_refusal({"html": "x", "options": {"margin": margin}})
     assert error.code == "INVALID_PARAMS"
-    assert error.details == {"path": "options.margin"}
+    assert error.details == {"path": "params.options.margin", "rule": "pattern"}
 
 
 def test_html_over_the_size_limit_is_refused() -> None:
-    ctx = RecordingContext()
     with limits(MAX_HTML_BYTES=100):
         # 60 characters, 120 bytes: the limit counts UTF-8 bytes.
-        error = refusal({"html": "é" * 60}, ctx)
+        error = wire_refusal({"html": "é" * 60})
         assert render({"html": "é" * 50}).pages
     assert error.code == "INVALID_PARAMS"
-    assert error.details == {"path": "html", "limit": 100}
-    assert ctx.reports == []
+    assert error.details == {"path": "params.html", "rule": "maxLength", "limit": 100}
+
+
+def test_page_options_are_read_as_typed_values() -> None:
+    request = pdf.parse({"content": "x", "options": {"pageSize": "LeTTer", "margin": "1in"}})
+    assert (request.html, request.page_size, request.landscape) == ("x", "letter", False)
+    assert request.filename == "document.pdf"
+    assert (
+        pdf.page_stylesheet(request) == "@page { size: letter !important; margin: 1in !important; }"
+    )
 
 
 def test_too_many_pages_stops_the_layout() -> None:
@@ -527,7 +545,7 @@ def test_the_input_schema_rejects(params: dict[str, Any], rule: str) -> None:
 def test_the_input_schema_and_the_runner_agree_on_margins() -> None:
     for margin in ("20mm", "0", "1in 2cm", "12.5pt 3px 4pc 0"):
         assert list(INPUT_VALIDATOR.iter_errors({"html": "x", "options": {"margin": margin}})) == []
-        assert pdf.page_stylesheet({"margin": margin})
+        assert pdf.page_stylesheet(pdf.parse({"html": "x", "options": {"margin": margin}}))
 
 
 @pytest.mark.parametrize(

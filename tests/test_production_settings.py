@@ -135,6 +135,7 @@ def account(username: str, encoded: str, **flags: bool) -> AbstractBaseUser:
     return user
 
 
+@pytest.mark.usefixtures("database")
 def test_accounts_with_the_development_password_are_refused_in_production(
     development_password: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -157,6 +158,7 @@ def test_accounts_with_the_development_password_are_refused_in_production(
             assert checks.development_password_in_use() == []
 
 
+@pytest.mark.usefixtures("database")
 def test_manage_py_check_refuses_while_the_development_password_logs_in(
     development_password: str,
 ) -> None:
@@ -177,6 +179,7 @@ def test_manage_py_check_refuses_while_the_development_password_logs_in(
     assert checked.returncode == 0, checked.stderr
 
 
+@pytest.mark.usefixtures("database")
 def test_make_run_makes_no_development_superuser_outside_debug() -> None:
     # `make run` runs the command under the served processes' environment (.env wins);
     # with DEBUG off it says so, creates nobody, and lets the demo start.

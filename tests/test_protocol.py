@@ -32,6 +32,7 @@ from capabilities.protocol import (
 )
 from capabilities.protocol.codec import _DECODERS, MAX_ID_LENGTH
 from capabilities.protocol.errors import RETRYABLE_CODES
+from capabilities.protocol.fields import FieldError, Fields
 from capabilities.protocol.text import unstorable
 
 FUZZ = settings(
@@ -591,6 +592,71 @@ def test_wire_error_optional_fields_only_when_set() -> None:
     assert "retryAfter" not in bare
     assert "details" not in bare
     assert json.loads(json.dumps(full)) == full
+
+
+# -- Fields: the one typed field reader (the codec's, and the runners') ---------------------
+
+
+def field_error(read: Any) -> tuple[ErrorCode, str, str]:
+    with pytest.raises(FieldError) as caught:
+        read()
+    return caught.value.code, caught.value.path, caught.value.message
+
+
+def test_fields_read_null_as_absent() -> None:
+    fields = Fields({"a": None}, "params")
+    assert fields.optional_integer("a") is None
+    assert fields.integer("a", 7) == 7
+    assert fields.boolean("a", True) is True
+    assert fields.object("a").data == {}
+    assert fields.objects("a") == []
+    assert field_error(lambda: fields.string("a")) == (
+        ErrorCode.MISSING_PARAM,
+        "params.a",
+        "'params.a' is required.",
+    )
+
+
+def test_fields_read_integers_as_json_schema_does() -> None:
+    fields = Fields({"whole": 3.0, "half": 3.5, "flag": True}, "params")
+    assert fields.integer("whole") == 3
+    assert type(fields.integer("whole")) is int
+    assert field_error(lambda: fields.integer("half"))[:2] == (
+        ErrorCode.INVALID_TYPE,
+        "params.half",
+    )
+    assert field_error(lambda: fields.integer("flag"))[:2] == (
+        ErrorCode.INVALID_TYPE,
+        "params.flag",
+    )
+    assert field_error(lambda: fields.number("flag"))[:2] == (ErrorCode.INVALID_TYPE, "params.flag")
+    assert type(Fields({"n": 2}, "p").number("n")) is float
+
+
+def test_fields_name_array_items_and_choices() -> None:
+    fields = Fields({"items": [{}, {"kind": "x"}, 5]}, "params")
+    assert field_error(lambda: fields.objects("items")) == (
+        ErrorCode.INVALID_TYPE,
+        "params.items[2]",
+        "'params.items[2]' must be an object.",
+    )
+    first, second = Fields({"items": [{}, {"kind": "x"}]}, "params").objects("items")
+    assert first.choice("kind", MessageType, MessageType.CALL) is MessageType.CALL
+    assert field_error(lambda: second.choice("kind", MessageType))[:2] == (
+        ErrorCode.INVALID_PARAMS,
+        "params.items[1].kind",
+    )
+
+
+def test_only_text_is_checked_for_what_no_store_can_hold() -> None:
+    # Runners read strings the registry already checked, some megabytes long.
+    fields = Fields({"s": "a\x00"}, "payload")
+    assert fields.string("s") == "a\x00"
+    assert field_error(lambda: fields.text("s")) == (
+        ErrorCode.INVALID_PARAMS,
+        "payload.s",
+        "'payload.s' must not contain a NUL character.",
+    )
 
 
 # -- fuzzing: decode raises ProtocolError with a known code, or returns a message ---------------

@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from abpsite.proxies import behind_trusted_proxies
-from capabilities import page_tokens
+from capabilities.access import page_tokens
 from capabilities.models import AgentSession
 from tests.support.agent import Agent
 from tests.support.stack import Stack

@@ -8,8 +8,11 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from capabilities import images_spec, markdown_spec, pdf_spec, registry
-from capabilities.schema_patterns import python_pattern
+from capabilities.work import registry
+from capabilities.work.images import spec as images_spec
+from capabilities.work.markdown import spec as markdown_spec
+from capabilities.work.pdf import spec as pdf_spec
+from capabilities.work.schema_patterns import python_pattern
 
 PDF = pdf_spec.SPEC
 MARKDOWN = markdown_spec.SPEC
@@ -63,6 +66,39 @@ def test_base64_is_bounded_by_its_decoded_size_with_line_breaks() -> None:
     assert code_and_path(IMAGE, {"image": {"content": lines}}) is None
     too_long = {"image": {"content": "QUJD" * 200}}
     assert code_and_path(IMAGE, too_long) == ("INVALID_PARAMS", "params.image.content")
+
+
+def side_maxima(spec: registry.CapabilitySpec) -> dict[tuple[str, str], int]:
+    """Each operation's side or offset parameter's maximum, in the manifest's schema."""
+    variants = spec.describe()["inputSchema"]["properties"]["operations"]["items"]["oneOf"]
+    return {
+        (variant["title"], name): schema["maximum"]
+        for variant in variants
+        for name, schema in variant["properties"].items()
+        if name in ("width", "height", "left", "top")
+    }
+
+
+def test_a_setting_can_lower_a_schema_maximum() -> None:
+    resize = {"image": {"content": "QUJD"}, "operations": [{"type": "resize", "width": 9000}]}
+    assert code_and_path(IMAGE, resize) is None
+    assert set(side_maxima(IMAGE).values()) == {images_spec.SCHEMA_MAX_DIMENSION}
+    with override_settings(ABP={**settings.ABP, "MAX_IMAGE_DIMENSION": 8000}):
+        assert code_and_path(IMAGE, resize) == ("INVALID_PARAMS", "params.operations[0].width")
+        maxima = side_maxima(IMAGE)
+        assert set(maxima.values()) == {8000}
+        assert len(maxima) == 8  # resize, thumbnail: width, height; crop: all four
+    # The module's schema is untouched, and so are parameters that are not sides.
+    assert code_and_path(IMAGE, resize) is None
+    rotate = images_spec.OPERATIONS[3]["properties"]["degrees"]
+    assert rotate["maximum"] == 360
+
+
+def test_a_larger_setting_keeps_the_schemas_own_maximum() -> None:
+    too_wide = {"image": {"content": "QUJD"}, "operations": [{"type": "resize", "width": 16385}]}
+    with override_settings(ABP={**settings.ABP, "MAX_IMAGE_DIMENSION": 50_000}):
+        assert set(side_maxima(IMAGE).values()) == {images_spec.SCHEMA_MAX_DIMENSION}
+        assert code_and_path(IMAGE, too_wide) == ("INVALID_PARAMS", "params.operations[0].width")
 
 
 def test_the_size_is_checked_before_the_schema() -> None:

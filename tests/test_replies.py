@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from capabilities import replies
-from capabilities.protocol import ErrorCode, WireError
+from capabilities.protocol import ErrorCode, WireError, replies
 
 ERROR = WireError(code=ErrorCode.INVALID_PARAMS, message="Bad html.", details={"path": "html"})
 ERROR_JSON = {

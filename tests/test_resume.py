@@ -17,7 +17,8 @@ import pytest
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 
-from capabilities import agent_keys, resumption
+from capabilities.access import agent_keys
+from capabilities.calls import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent, Envelope
 from tests.support.jobs import wait_running

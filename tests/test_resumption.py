@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 
-from capabilities import resumption
+from capabilities.calls import resumption
 from capabilities.models import AgentSession
+
+pytestmark = pytest.mark.usefixtures("database")
 
 
 def session_seen(seconds_ago: float) -> AgentSession:

@@ -17,7 +17,8 @@ from unittest import mock
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from capabilities import agent_keys, page_tokens
+from capabilities.access import agent_keys, page_tokens
+from capabilities.calls import key_revocation
 from capabilities.models import AgentKey, AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running, wait_stopped
@@ -108,7 +109,7 @@ def test_a_key_works_in_each_place_a_client_can_put_it(stack: Stack) -> None:
 
 def test_revoked_key_is_refused(stack: Stack) -> None:
     key = new_key()
-    agent_keys.revoke(AgentKey.objects.filter(prefix=agent_keys.prefix_of(key)))
+    key_revocation.revoke(AgentKey.objects.filter(prefix=agent_keys.prefix_of(key)))
     with Agent(stack.ws_url, key=key) as agent:
         assert_refused(agent, "key-revoked", 4403)
 
@@ -122,7 +123,7 @@ def test_revoking_a_key_closes_its_connections_and_answers_their_calls(stack: St
         wait_running(agent, "long")
         bystander_call = bystander.call("test.sleep", {"steps": 1}, call_id="b")
 
-        agent_keys.revoke(AgentKey.objects.filter(prefix=agent_keys.prefix_of(key)))
+        key_revocation.revoke(AgentKey.objects.filter(prefix=agent_keys.prefix_of(key)))
 
         result = agent.result_of(call)["payload"]
         assert result["cancelled"] is True

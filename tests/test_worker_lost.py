@@ -6,13 +6,16 @@ import os
 import signal
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
-from capabilities import reaper
+from capabilities.calls import reaper
 from capabilities.models import AgentSession, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running
 from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.usefixtures("database")
 
 
 def test_killed_worker_child_answers_worker_lost(agent: Agent) -> None:

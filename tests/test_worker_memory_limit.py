@@ -51,7 +51,7 @@ def test_python_allocation_over_the_limit_fails_coded_and_its_child_is_replaced(
     bombed = child_pid(job)
     assert bombed != other
     # The child leaves once the task is reported; Celery then sees it as a lost
-    # worker, and jobs.fail_lost finds the job already settled.
+    # worker, and cancellation.fail_lost finds the job already settled.
     eventually(lambda: not Path(f"/proc/{bombed}").exists(), timeout=30)
     eventually(lambda: "WorkerLostError" in stack.worker.log_text(), timeout=30)
     # A fresh child takes the next job (the other one is still busy).

@@ -8,8 +8,13 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from capabilities import agent_keys, page_tokens, ws_auth
+from capabilities.access import agent_keys, page_tokens
+from capabilities.access import credentials as ws_auth
+from capabilities.calls import key_revocation
 from capabilities.models import AgentKey
+from capabilities.protocol import closes
+
+pytestmark = pytest.mark.usefixtures("database")
 
 ORIGIN = "http://127.0.0.1:8000"
 
@@ -81,8 +86,8 @@ def test_bad_credentials_are_refused_with_their_reason(credential: str | None, r
     with pytest.raises(ws_auth.Refused) as refused:
         ws_auth.authenticate(scope(headers=headers))
     assert refused.value.reason == reason
-    assert reason in ws_auth.CLOSE_CODES
-    assert reason in ws_auth.REFUSAL_MESSAGES
+    assert reason in closes.CLOSE_CODES
+    assert reason in closes.REFUSAL_MESSAGES
 
 
 def test_anonymous_clients_only_when_the_setting_allows() -> None:
@@ -118,8 +123,8 @@ def test_page_tokens_are_valid_subprotocol_names() -> None:
 
 def test_revoked_key_is_refused() -> None:
     key, plaintext = agent_keys.create_key("to revoke")
-    assert agent_keys.revoke(AgentKey.objects.filter(pk=key.pk)) == 1
-    assert agent_keys.revoke(AgentKey.objects.filter(pk=key.pk)) == 0
+    assert key_revocation.revoke(AgentKey.objects.filter(pk=key.pk)) == 1
+    assert key_revocation.revoke(AgentKey.objects.filter(pk=key.pk)) == 0
     with pytest.raises(ws_auth.Refused) as refused:
         ws_auth.authenticate(scope(headers={"Authorization": f"Bearer {plaintext}"}))
     assert refused.value.reason == "key-revoked"

@@ -10,7 +10,7 @@ import pytest
 from django.test import override_settings
 from websockets.exceptions import InvalidStatus
 
-from capabilities.hosts import allowed_hosts, hosts_of, is_allowed_host
+from capabilities.transport.hosts import allowed_hosts, hosts_of, is_allowed_host
 from tests.support.agent import Agent
 from tests.support.stack import Stack
 

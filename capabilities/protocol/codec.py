@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from capabilities.protocol.errors import ErrorCode, ProtocolError
+from capabilities.protocol.fields import FieldError, Fields
 from capabilities.protocol.messages import (
     JSON,
     AgentInfo,
@@ -107,8 +108,16 @@ def _decode_envelope(raw: dict[str, JSON]) -> Message:
             request_id=readable_id,
             request_type=readable_type,
         )
-    reader = _PayloadReader(readable_id, readable_type)
-    return decoder(readable_id, payload, reader)
+    try:
+        return decoder(readable_id, Fields(payload, "payload"))
+    except FieldError as error:
+        raise ProtocolError(
+            error.code,
+            error.message,
+            request_id=readable_id,
+            request_type=readable_type,
+            details={"path": error.path},
+        ) from None
 
 
 def _readable_id(value: JSON) -> str | None:
@@ -129,100 +138,46 @@ def _is_number(value: JSON) -> bool:
         return False
 
 
-class _PayloadReader:
-    """Typed field access that turns every mismatch into a coded ProtocolError."""
-
-    def __init__(self, request_id: str, request_type: str) -> None:
-        self.request_id = request_id
-        self.request_type = request_type
-
-    def fail(self, code: ErrorCode, message: str, path: str) -> ProtocolError:
-        return ProtocolError(
-            code,
-            message,
-            request_id=self.request_id,
-            request_type=self.request_type,
-            details={"path": path},
-        )
-
-    def obj(self, data: dict[str, JSON], key: str, path: str) -> dict[str, JSON]:
-        value = data.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise self.fail(ErrorCode.INVALID_TYPE, f"'{path}' must be an object.", path)
-        return value
-
-    def string(
-        self, data: dict[str, JSON], key: str, path: str, *, required: bool = False
-    ) -> str | None:
-        value = data.get(key)
-        if value is None:
-            if required:
-                raise self.fail(ErrorCode.MISSING_PARAM, f"'{path}' is required.", path)
-            return None
-        if not isinstance(value, str):
-            raise self.fail(ErrorCode.INVALID_TYPE, f"'{path}' must be a string.", path)
-        problem = unstorable(value)
-        if problem is not None:
-            raise self.fail(ErrorCode.INVALID_PARAMS, f"'{path}' must not contain {problem}.", path)
-        return value
-
-    def boolean(self, data: dict[str, JSON], key: str, path: str) -> bool:
-        value = data.get(key, False)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise self.fail(ErrorCode.INVALID_TYPE, f"'{path}' must be a boolean.", path)
-        return value
-
-    def call_id(self, data: dict[str, JSON], key: str, path: str) -> str | None:
-        value = self.string(data, key, path)
-        if value is not None and not 0 < len(value) <= MAX_ID_LENGTH:
-            raise self.fail(
-                ErrorCode.INVALID_PARAMS,
-                f"'{path}' must be 1 to {MAX_ID_LENGTH} characters.",
-                path,
-            )
-        return value
+def _call_id(fields: Fields, key: str) -> str | None:
+    value = fields.optional_text(key)
+    if value is not None and not 0 < len(value) <= MAX_ID_LENGTH:
+        where = fields.where(key)
+        message = f"'{where}' must be 1 to {MAX_ID_LENGTH} characters."
+        raise FieldError(ErrorCode.INVALID_PARAMS, message, where)
+    return value
 
 
-def _decode_initialize(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -> Message:
-    agent = r.obj(payload, "agent", "payload.agent")
-    features = r.obj(payload, "features", "payload.features")
-    resume = r.obj(payload, "resume", "payload.resume") if "resume" in payload else None
-    resume_request = None
-    if resume is not None and payload.get("resume") is not None:
-        resume_request = ResumeRequest(
-            session_id=r.string(resume, "sessionId", "payload.resume.sessionId", required=True)
-            or "",
-            token=r.string(resume, "token", "payload.resume.token", required=True) or "",
-        )
+def _decode_initialize(message_id: str, payload: Fields) -> Message:
+    agent = payload.object("agent")
+    features = payload.object("features")
+    resume = None
+    if payload.get("resume") is not None:
+        fields = payload.object("resume")
+        resume = ResumeRequest(session_id=fields.text("sessionId"), token=fields.text("token"))
     return Initialize(
         id=message_id,
         agent=AgentInfo(
-            name=r.string(agent, "name", "payload.agent.name") or "",
-            version=r.string(agent, "version", "payload.agent.version") or "",
+            name=agent.optional_text("name") or "", version=agent.optional_text("version") or ""
         ),
-        protocol_version=r.string(payload, "protocolVersion", "payload.protocolVersion") or "0.1",
+        protocol_version=payload.optional_text("protocolVersion") or "0.1",
         features=Features(
-            notifications=r.boolean(features, "notifications", "payload.features.notifications"),
-            progress=r.boolean(features, "progress", "payload.features.progress"),
-            elicitation=r.boolean(features, "elicitation", "payload.features.elicitation"),
+            notifications=features.boolean("notifications", False),
+            progress=features.boolean("progress", False),
+            elicitation=features.boolean("elicitation", False),
         ),
-        resume=resume_request,
+        resume=resume,
     )
 
 
-def _decode_call(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -> Message:
-    capability = r.string(payload, "capability", "payload.capability", required=True) or ""
-    params = r.obj(payload, "params", "payload.params")
-    options = r.obj(payload, "options", "payload.options")
+def _decode_call(message_id: str, payload: Fields) -> Message:
+    capability = payload.text("capability")
+    params = payload.object("params").data
+    options = payload.object("options")
     timeout = options.get("timeout")
     timeout_ms: int | None = None
     if timeout is not None:
         if not _is_number(timeout) or timeout <= 0:
-            raise r.fail(
+            raise FieldError(
                 ErrorCode.INVALID_TYPE,
                 "'payload.options.timeout' must be a positive number of milliseconds.",
                 "payload.options.timeout",
@@ -235,16 +190,16 @@ def _decode_call(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -
         or len(str(token)) > 200
         or (isinstance(token, str) and unstorable(token))
     ):
-        raise r.fail(
+        raise FieldError(
             ErrorCode.INVALID_TYPE,
             "'payload.options.progressToken' must be a string (no NUL, no lone surrogate) "
             "or an integer.",
             "payload.options.progressToken",
         )
     # callId may sit in options (the spec's CallParams) or at the top of the payload.
-    call_id = r.call_id(options, "callId", "payload.options.callId")
+    call_id = _call_id(options, "callId")
     if call_id is None:
-        call_id = r.call_id(payload, "callId", "payload.callId")
+        call_id = _call_id(payload, "callId")
     return CallRequest(
         id=message_id,
         capability=capability,
@@ -253,21 +208,19 @@ def _decode_call(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -
     )
 
 
-def _decode_cancel(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -> Message:
-    call_id = r.call_id(payload, "callId", "payload.callId")
+def _decode_cancel(message_id: str, payload: Fields) -> Message:
+    call_id = _call_id(payload, "callId")
     if call_id is None:
-        raise r.fail(ErrorCode.MISSING_PARAM, "'payload.callId' is required.", "payload.callId")
-    return CancelRequest(
-        id=message_id, call_id=call_id, reason=r.string(payload, "reason", "payload.reason")
-    )
+        raise FieldError(ErrorCode.MISSING_PARAM, "'payload.callId' is required.", "payload.callId")
+    return CancelRequest(id=message_id, call_id=call_id, reason=payload.optional_text("reason"))
 
 
-def _decode_shutdown(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -> Message:
-    return Shutdown(id=message_id, reason=r.string(payload, "reason", "payload.reason"))
+def _decode_shutdown(message_id: str, payload: Fields) -> Message:
+    return Shutdown(id=message_id, reason=payload.optional_text("reason"))
 
 
-def _decode_elicitation(message_id: str, payload: dict[str, JSON], r: _PayloadReader) -> Message:
-    return ElicitationResponse(id=message_id, payload=payload)
+def _decode_elicitation(message_id: str, payload: Fields) -> Message:
+    return ElicitationResponse(id=message_id, payload=payload.data)
 
 
 _DECODERS = {

@@ -17,7 +17,8 @@ from unittest import mock
 from django.core import signing
 from playwright.sync_api import Page, Request
 
-from capabilities import agent_keys, page_tokens
+from capabilities.access import agent_keys, page_tokens
+from capabilities.calls import key_revocation
 from capabilities.models import AgentKey, Job, JobStatus
 from tests.browser.conftest import ParentSite
 from tests.browser.support import orm, orm_eventually, until
@@ -343,7 +344,7 @@ def test_a_revoked_key_cancels_its_calls_and_closes_with_4403(
         "{callId: 'revoked-sleeper'}); }"
     )
     orm_eventually(Job.objects.filter(call_id="revoked-sleeper", status=JobStatus.RUNNING).exists)
-    assert orm(lambda: agent_keys.revoke(AgentKey.objects.filter(pk=row.pk))) == 1
+    assert orm(lambda: key_revocation.revoke(AgentKey.objects.filter(pk=row.pk))) == 1
 
     sleeper = page.evaluate("() => window.sleeper")
     assert sleeper["success"] is False

@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from capabilities.views import embed_allowed_origins
+from capabilities.web.views import embed_allowed_origins
 from tests.browser.conftest import ParentSite
 from tests.support.stack import Stack
 
@@ -77,7 +77,9 @@ def test_demo_page_embeds_the_bridge_and_has_the_runtime(stack: Stack) -> None:
     assert b'href="/abp/demo/"' in fetch(f"{stack.http_url}/")[2]
 
 
-@pytest.mark.parametrize("name", ["runtime.js", "client.js", "wire.js", "bridge.js", "demo.js"])
+@pytest.mark.parametrize(
+    "name", ["runtime.js", "client.js", "page_token.js", "wire.js", "bridge.js", "demo.js"]
+)
 def test_browser_modules_are_served_as_javascript_to_any_origin(stack: Stack, name: str) -> None:
     url = f"{stack.http_url}/static/abp/{name}"
     status, headers, body = fetch(url)

@@ -12,7 +12,7 @@ from urllib.parse import urljoin
 from playwright.sync_api import Page
 
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
-from capabilities.replies import NOT_FOUND
+from capabilities.protocol.replies import NOT_FOUND
 from tests.browser.conftest import screenshot
 from tests.browser.support import orm, orm_eventually, until
 from tests.support.stack import Stack

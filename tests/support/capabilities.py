@@ -24,8 +24,8 @@ import resource
 import time
 from typing import Any
 
-from capabilities.context import CapabilityError, JobContext
-from capabilities.registry import CapabilitySpec
+from capabilities.work.context import CapabilityError, JobContext
+from capabilities.work.registry import CapabilitySpec
 
 
 def run_sleep(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

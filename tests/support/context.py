@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capabilities.context import JobAborted
+from capabilities.work.context import JobAborted
 
 
 class RecordingContext:

@@ -3,6 +3,10 @@
 The environment points at a temporary SQLite file, a Redis on a free port and a
 temporary media root; the processes of the stack (tests/support/stack.py) inherit
 it, so this process sees the same DB as Daphne and the worker.
+
+`configure` only sets the environment and Django up: nothing touches the database
+until `migrate` (the test suite runs it in its `database` fixture, so pure tests
+never do). `prepare` does both, for the benchmarks.
 """
 
 from __future__ import annotations
@@ -16,6 +20,13 @@ from tests.support.stack import Stack, free_port
 
 def prepare(prefix: str, **overrides: str) -> Stack:
     """Set the environment, set Django up, migrate; returns the (unstarted) stack."""
+    stack = configure(prefix, **overrides)
+    migrate()
+    return stack
+
+
+def configure(prefix: str, **overrides: str) -> Stack:
+    """Set the environment and set Django up, without touching the database."""
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     redis_port = free_port()
     os.environ.update(
@@ -61,11 +72,15 @@ def prepare(prefix: str, **overrides: str) -> Stack:
     import django
 
     django.setup()
+    return Stack(run_dir, redis_port)
+
+
+def migrate() -> None:
+    """Create the run's tables and the key every test agent connects with."""
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from capabilities.agent_keys import create_key
+    from capabilities.access.agent_keys import create_key
 
     # The key every test agent connects with unless it says otherwise.
     _, os.environ["ABP_TEST_AGENT_KEY"] = create_key("the test suite")
-    return Stack(run_dir, redis_port)

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from capabilities.agent_keys import create_key
+from capabilities.access.agent_keys import create_key
 
 
 class Command(BaseCommand):

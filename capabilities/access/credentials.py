@@ -1,0 +1,97 @@
+"""Who opened a WebSocket: an agent key, a page token, or (development) nobody.
+
+The credential comes, in this order, from `Authorization: Bearer <credential>`, a
+subprotocol `abp.bearer.<credential>` (browsers cannot set headers; they offer
+`["abp", "abp.bearer.<credential>"]` and we select `abp`), or the query parameter
+`access_token` (for clients that can do neither; it ends up in access logs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from django.conf import settings
+
+from capabilities.access import agent_keys, page_tokens
+from capabilities.access.principal import Principal
+from capabilities.protocol.text import unstorable
+
+SUBPROTOCOL = "abp"
+BEARER_SUBPROTOCOL = "abp.bearer."
+QUERY_PARAMETER = "access_token"
+
+
+class Refused(Exception):
+    """The connection may not be used; `reason` is its stable close reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
+    return {name.lower(): value for name, value in scope.get("headers", [])}
+
+
+def origin_of(scope: dict[str, Any]) -> str:
+    """The Origin header ('' when the client sent none: not a browser)."""
+    return _headers(scope).get(b"origin", b"").decode("latin-1")
+
+
+def client_address_of(scope: dict[str, Any]) -> str:
+    """The client's address (behind trusted proxies, the one they forwarded: abpsite/asgi.py)."""
+    client = scope.get("client") or ("", 0)
+    return str(client[0])
+
+
+def credential_of(scope: dict[str, Any]) -> str | None:
+    """The credential the client presented, wherever it put it."""
+    authorization = _headers(scope).get(b"authorization", b"").decode("latin-1").strip()
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    for subprotocol in scope.get("subprotocols") or []:
+        if subprotocol.startswith(BEARER_SUBPROTOCOL):
+            return str(subprotocol[len(BEARER_SUBPROTOCOL) :])
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    values = query.get(QUERY_PARAMETER)
+    return values[0] if values else None
+
+
+def selected_subprotocol(scope: dict[str, Any]) -> str | None:
+    """`abp` when the client offered it (browsers require one offered to be selected)."""
+    return SUBPROTOCOL if SUBPROTOCOL in (scope.get("subprotocols") or []) else None
+
+
+def key_prefix_presented(scope: dict[str, Any]) -> str | None:
+    """The key prefix of a presented agent key, before it is checked."""
+    presented = credential_of(scope)
+    return agent_keys.prefix_of(presented) if presented else None
+
+
+def authenticate(scope: dict[str, Any]) -> Principal:
+    """Who this is; Refused (with its close reason) if they may not connect."""
+    address = client_address_of(scope)
+    presented = credential_of(scope)
+    if presented and unstorable(presented):
+        raise Refused("invalid-credentials")
+    if not presented:
+        if settings.ABP["ALLOW_ANONYMOUS"]:
+            return Principal(kind="anonymous", key=None, client_address=address)
+        raise Refused("missing-credentials")
+    if agent_keys.looks_like_key(presented):
+        key = agent_keys.find_key(presented)
+        if key is None:
+            raise Refused("invalid-credentials")
+        if key.is_revoked:
+            raise Refused("key-revoked")
+        agent_keys.record_use(key)
+        return Principal(kind="key", key=key, client_address=address)
+    if page_tokens.looks_like_page_token(presented):
+        try:
+            page_tokens.verify(presented, origin=origin_of(scope))
+        except page_tokens.PageTokenError as error:
+            raise Refused(error.reason) from error
+        return Principal(kind="page", key=None, client_address=address)
+    raise Refused("invalid-credentials")

@@ -1,0 +1,73 @@
+"""Who is on the other end of a call, and the limits that apply to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from django.conf import settings
+
+from capabilities.models import AgentKey
+
+
+@dataclass(frozen=True, kw_only=True)
+class Principal:
+    """Who is on the other end, and the limits that apply to them.
+
+    Page tokens go to anyone who loads a page, so their budget is the smallest.
+    """
+
+    kind: Literal["key", "page", "anonymous"]
+    key: AgentKey | None
+    client_address: str
+
+    @property
+    def rate_limit_id(self) -> str:
+        """Whose budgets this connection spends: calls per minute, calls in flight, sessions."""
+        if self.key is not None:
+            return f"key:{self.key.prefix}"
+        # Page tokens are free to anyone who loads a page: budget per address.
+        return f"{self.kind}:{self.client_address}"
+
+    @property
+    def max_concurrent_calls(self) -> int:
+        """Calls in flight at once in one session."""
+        own = self.key.max_concurrent_calls if self.key is not None else None
+        limit = int(own if own is not None else settings.ABP["MAX_CONCURRENT_CALLS"])
+        return min(limit, self.max_calls_in_flight)
+
+    @property
+    def max_calls_in_flight(self) -> int:
+        """Calls in flight at once across all of this principal's sessions."""
+        if self.kind == "page":
+            return int(settings.ABP["PAGE_TOKEN_MAX_CONCURRENT_CALLS"])
+        return int(settings.ABP["MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL"])
+
+    @property
+    def max_open_sessions(self) -> int:
+        """Sessions open at once (held or resumable) for this principal."""
+        return int(settings.ABP["MAX_OPEN_SESSIONS_PER_PRINCIPAL"])
+
+    @property
+    def calls_per_minute(self) -> int:
+        """Calls per minute in this principal's budget."""
+        if self.kind == "page":
+            return int(settings.ABP["PAGE_TOKEN_CALLS_PER_MINUTE"])
+        own = self.key.calls_per_minute if self.key is not None else None
+        return int(own if own is not None else settings.ABP["CALLS_PER_MINUTE"])
+
+    @property
+    def max_params_bytes(self) -> int | None:
+        """The largest call (its params as JSON), or None for no limit beyond the frame's."""
+        return int(settings.ABP["PAGE_TOKEN_MAX_PARAMS_BYTES"]) if self.kind == "page" else None
+
+    def max_timeout_ms(self, capability_max_ms: int) -> int:
+        """The longest options.timeout, given the capability's own maximum."""
+        if self.kind == "page":
+            return min(capability_max_ms, int(settings.ABP["PAGE_TOKEN_MAX_TIMEOUT_MS"]))
+        return capability_max_ms
+
+    def may_call(self, capability: str) -> bool:
+        """Whether this principal may call the capability at all."""
+        allowed: list[str] = settings.ABP["PAGE_TOKEN_CAPABILITIES"]
+        return self.kind != "page" or not allowed or capability in allowed

@@ -1,0 +1,1 @@
+"""The call service every front door uses: start, cancel, resume, end a session's calls."""

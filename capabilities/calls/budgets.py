@@ -1,0 +1,87 @@
+"""What one principal (an agent key, or a client address) may hold at once.
+
+Counted in the database, so the limits hold across its sessions and every Daphne:
+calls in flight (MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL, or a page token's smaller one)
+and open sessions (MAX_OPEN_SESSIONS_PER_PRINCIPAL). Checked in the same database
+hop that would store the row, before anything is stored. Two connections racing for
+the last place can both get it: the limits are a bound on abuse, not a semaphore.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from capabilities.access.principal import Principal
+from capabilities.calls import sessions as session_store
+from capabilities.jobs import lifecycle as jobs
+from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
+from capabilities.protocol import ErrorCode, Initialize, WireError
+
+
+class OverBudget(Exception):
+    """The principal may not have more; `error` says which limit, for the agent."""
+
+    def __init__(self, error: WireError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) -> WireError | None:
+    """Why this principal may not make this call at all (no I/O), or None."""
+    if not principal.may_call(capability):
+        return WireError(
+            code=ErrorCode.PERMISSION_DENIED,
+            message=f"Page-token connections may not call {capability}; use an agent key.",
+            details={"capability": capability},
+        )
+    limit = principal.max_params_bytes
+    if limit is not None and len(json.dumps(params, ensure_ascii=False)) > limit:
+        return WireError(
+            code=ErrorCode.INVALID_PARAMS,
+            message=f"Page-token calls may carry at most {limit} bytes of params; "
+            "use an agent key for larger ones.",
+            details={"path": "params", "limit": limit},
+        )
+    return None
+
+
+def create_job(principal: Principal, **job: Any) -> Job:
+    """`jobs.create_job`, unless the principal already has its most calls in flight."""
+    held = Job.objects.filter(principal=principal.rate_limit_id, status__in=ACTIVE_STATUSES)
+    _refuse_at(
+        held.count(),
+        principal.max_calls_in_flight,
+        "callsInFlight",
+        "calls of yours may be in flight at once, across all your sessions; wait for one "
+        "to finish.",
+    )
+    return jobs.create_job(principal=principal.rate_limit_id, **job)
+
+
+def open_session(
+    principal: Principal, session_id: str, message: Initialize, *, origin: str, resume_token: str
+) -> None:
+    """`session_store.open_session`, unless the principal has its most sessions open."""
+    held = AgentSession.objects.filter(principal=principal.rate_limit_id, closed_at__isnull=True)
+    _refuse_at(
+        held.count(),
+        principal.max_open_sessions,
+        "openSessions",
+        "sessions of yours may be open at once; shut one down (or let a dropped one expire) first.",
+    )
+    session_store.open_session(
+        session_id, message, origin=origin, principal=principal, resume_token=resume_token
+    )
+
+
+def _refuse_at(held: int, limit: int, name: str, what: str) -> None:
+    """OverBudget (RATE_LIMITED, `details: {limit: name, max}`) once `held` reaches `limit`."""
+    if held >= limit:
+        raise OverBudget(
+            WireError(
+                code=ErrorCode.RATE_LIMITED,
+                message=f"At most {limit} {what}",
+                details={"limit": name, "max": limit},
+            )
+        )

@@ -1,0 +1,92 @@
+"""The one cancel pipeline, for every source: settle first, then the flag and the revoke.
+
+Agent, operator, timeout, disconnect, shutdown, revoked key, expired session: each
+settles the job through `lifecycle.settle` (one conditional UPDATE; the row count
+says who won), and only the winner stops the work, by raising the abort flag and
+revoking the task. A lost worker is settled the same way, as WORKER_LOST.
+
+A consumer that wins a cancel answers its agent between the two steps
+(`settle_cancelled`, then `stop_work`); anyone else calls `cancel`, and the
+session's consumer hears of the outcome through the channel layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from datetime import datetime
+
+from django.utils import timezone
+
+from capabilities.jobs import abort_flags, notes, queue
+from capabilities.jobs.lifecycle import Outcome, settle
+from capabilities.models import CancelSource, Job
+from capabilities.protocol import ErrorCode, WireError
+
+logger = logging.getLogger(__name__)
+
+
+def settle_cancelled(
+    job_ids: list[str], source: CancelSource, reason: str = "", *, delivered: bool = False
+) -> dict[str, bool]:
+    """Step one: settle the jobs as cancelled; which settles won.
+
+    `delivered`: the caller sends the cancelled results at once (see `claim_delivery`).
+    """
+    outcome = Outcome.cancelled(source, reason)
+    return {job_id: settle(job_id, outcome, delivered=delivered) for job_id in job_ids}
+
+
+def stop_work(job_id: str) -> None:
+    """Step two, after a won settle: raise the abort flag, then revoke the task."""
+    abort_flags.raise_flag(job_id)
+    queue.revoke(job_id)
+
+
+async def stop_work_async(job_id: str) -> None:
+    """`stop_work` from an event loop: the flag at once, the revoke off the loop."""
+    try:
+        await abort_flags.raise_flag_async(job_id)
+    except Exception:
+        # The agent has its answer; without the flag the work runs on until the
+        # reaper kills it (a cancelled job whose worker has not stopped).
+        logger.exception("Could not raise the abort flag of job %s", job_id)
+    await asyncio.get_running_loop().run_in_executor(None, queue.revoke, job_id)
+
+
+def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:
+    """The whole pipeline, for a cancel no connection is waiting on; True if it won.
+
+    The session's consumer (on any Daphne) hears of it and answers its agent.
+    """
+    job_id = str(job_id)
+    if not settle_cancelled([job_id], source, reason)[job_id]:
+        return False
+    abort_flags.raise_flag(job_id)
+    tell_session(job_id)
+    queue.revoke(job_id)
+    return True
+
+
+def fail_lost(job_id: uuid.UUID | str, *, last_seen: datetime | None = None) -> bool:
+    """Fail a job whose worker died (retryable), tell its agent; True if this settled it."""
+    error = WireError(
+        code=ErrorCode.WORKER_LOST,
+        message="The worker running this call stopped unexpectedly; it can be retried.",
+        retryable=True,
+    )
+    if not settle(job_id, Outcome.failed(error)):
+        return False
+    Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(
+        stopped_at=last_seen or timezone.now()
+    )
+    tell_session(job_id)
+    return True
+
+
+def tell_session(job_id: uuid.UUID | str) -> None:
+    """Tell the job's session consumer (on any Daphne) that the job settled."""
+    job = Job.objects.filter(pk=job_id).only("session_id", "call_id").first()
+    if job is not None:
+        notes.notify(str(job.session_id), notes.job_settled(job.call_id))

@@ -1,0 +1,60 @@
+"""The periodic sweep (Celery beat): ends what no process that is still alive ended.
+
+Timeouts are enforced here even when the agent and its consumer are gone, a
+worker that keeps running a cancelled job past the grace period is killed, and
+sessions nobody resumed in time have their calls cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from capabilities.calls import cancellation, resumption
+from capabilities.jobs import queue
+from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
+
+logger = logging.getLogger(__name__)
+
+BATCH = 500
+# Give up re-sending kills for a job this long after its grace period.
+KILL_WINDOW = timedelta(minutes=5)
+
+
+def reap() -> None:
+    """One sweep."""
+    now = timezone.now()
+    overdue = Job.objects.filter(status__in=ACTIVE_STATUSES, deadline__lt=now).values_list(
+        "id", flat=True
+    )[:BATCH]
+    for job_id in overdue:
+        end_overdue(str(job_id))
+    grace = timedelta(seconds=settings.ABP["HARD_KILL_GRACE_SECONDS"])
+    stuck = Job.objects.filter(
+        status=JobStatus.CANCELLED,
+        started_at__isnull=False,
+        stopped_at__isnull=True,
+        settled_at__lt=now - grace,
+        settled_at__gt=now - grace - KILL_WINDOW,
+    ).values_list("id", flat=True)[:BATCH]
+    for job_id in stuck:
+        logger.warning("Job %s still running %s after its cancel: killing", job_id, grace)
+        queue.revoke(str(job_id), kill=True)
+    stale = now - timedelta(seconds=settings.ABP["WORKER_LOST_AFTER_SECONDS"])
+    lost = Job.objects.filter(status=JobStatus.RUNNING, heartbeat_at__lt=stale).values_list(
+        "id", "heartbeat_at"
+    )[:BATCH]
+    for job_id, last_seen in lost:
+        if cancellation.fail_lost(job_id, last_seen=last_seen):
+            logger.warning("Job %s lost its worker (last heartbeat %s)", job_id, last_seen)
+    resumption.expire_abandoned()
+    resumption.nudge_undelivered()
+
+
+def end_overdue(job_id: str) -> None:
+    """Settle a job past its deadline as timed out, and tell its agent."""
+    if cancellation.cancel(job_id, source=CancelSource.TIMEOUT, reason="deadline passed"):
+        logger.info("Job %s timed out", job_id)

@@ -1,0 +1,127 @@
+"""Starting a call: every check, in order, then the job. The same for every door.
+
+What the principal may call and how much it may send, its calls per minute, the
+capability's schema, then (in the same database hop that stores the row) its calls
+in flight. Nothing is stored or queued before every check has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from channels.db import database_sync_to_async
+
+from capabilities.access import rate_limits
+from capabilities.access.principal import Principal
+from capabilities.calls import budgets
+from capabilities.jobs.lifecycle import CallIdInUse
+from capabilities.models import Job
+from capabilities.protocol import ErrorCode, WireError
+from capabilities.work import registry
+
+logger = logging.getLogger(__name__)
+
+
+class CallRefused(Exception):
+    """The call was not started; `error` tells the agent why."""
+
+    def __init__(self, error: WireError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallRequest:
+    """A call as any door receives it."""
+
+    session_id: str
+    call_id: str
+    request_id: str
+    capability: str
+    params: dict[str, Any]
+    timeout_ms: int | None
+    progress_token: str | int | None
+    notify_started: bool
+
+
+def capability_names() -> list[str]:
+    """Every capability agents may call."""
+    return [spec.name for spec in registry.all_specs()]
+
+
+def max_timeout_ms(principal: Principal, capability: str) -> int:
+    """The longest options.timeout this principal may ask of the capability."""
+    return principal.max_timeout_ms(_spec(capability).timeouts().max_ms)
+
+
+async def start(principal: Principal, call: CallRequest) -> Job:
+    """Check the call and create its job (queued once committed); CallRefused if not."""
+    spec = _spec(call.capability)
+    error = (
+        budgets.call_refusal(principal, call.capability, call.params)
+        or await over_rate_limit(principal)
+        or spec.validate(call.params)
+    )
+    if error is not None:
+        raise CallRefused(error)
+    timeouts = spec.timeouts()
+    default_ms = min(timeouts.default_ms, principal.max_timeout_ms(timeouts.max_ms))
+    try:
+        job: Job = await database_sync_to_async(budgets.create_job)(
+            principal,
+            session_id=call.session_id,
+            call_id=call.call_id,
+            request_id=call.request_id,
+            capability=call.capability,
+            params=call.params,
+            timeout_ms=call.timeout_ms or default_ms,
+            progress_token=call.progress_token,
+            notify_started=call.notify_started,
+        )
+    except budgets.OverBudget as over:
+        raise CallRefused(over.error) from None
+    except CallIdInUse:
+        raise CallRefused(
+            WireError(
+                code=ErrorCode.INVALID_PARAMS,
+                message=f"callId {call.call_id!r} was already used in this session.",
+                details={"path": "payload.options.callId"},
+            )
+        ) from None
+    except Exception:
+        logger.exception("Could not create the job of call %s", call.call_id)
+        raise CallRefused(
+            WireError(
+                code=ErrorCode.INTERNAL_ERROR, message="The call could not be queued; try again."
+            )
+        ) from None
+    return job
+
+
+async def over_rate_limit(principal: Principal) -> WireError | None:
+    """RATE_LIMITED (with retryAfter) past the principal's calls per minute."""
+    per_minute = principal.calls_per_minute
+    wait_ms = await rate_limits.retry_after_ms(principal.rate_limit_id, per_minute)
+    if wait_ms is None:
+        return None
+    return WireError(
+        code=ErrorCode.RATE_LIMITED,
+        message=f"At most {per_minute} calls per minute; retry after {wait_ms} ms.",
+        retry_after_ms=wait_ms,
+        details={"limit": "callsPerMinute", "max": per_minute},
+    )
+
+
+def _spec(capability: str) -> registry.CapabilitySpec:
+    spec = registry.get(capability)
+    if spec is None:
+        raise CallRefused(
+            WireError(
+                code=ErrorCode.UNKNOWN_CAPABILITY,
+                message=f"No capability named {capability[:100]!r}.",
+                details={"capability": capability[:100]},
+            )
+        )
+    return spec

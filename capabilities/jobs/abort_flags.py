@@ -1,0 +1,57 @@
+"""Abort flags: the one place they are raised, and read.
+
+A flag is a Redis key per job (`<prefix><job id>`, TTL longer than any job's life)
+plus a publish on one channel, so running workers hear it at once (their watcher:
+capabilities/worker/interrupter.py). A queued task whose flag is up never starts.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import redis
+from django.conf import settings
+
+from capabilities import redis_pool
+
+
+@cache
+def _client() -> redis.Redis:
+    # redis-py's pool notices a fork and reconnects in the child.
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def abort_key(job_id: str) -> str:
+    """The Redis key of a job's abort flag."""
+    return f"{settings.ABP['ABORT_KEY_PREFIX']}{job_id}"
+
+
+def channel() -> str:
+    """The pub/sub channel that announces every raised flag."""
+    return str(settings.ABP["ABORT_CHANNEL"])
+
+
+def raise_flag(job_id: str) -> None:
+    """Raise a job's abort flag and tell running workers, in one round trip."""
+    pipe = _client().pipeline(transaction=False)
+    pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
+    pipe.publish(channel(), job_id)
+    pipe.execute()
+
+
+async def raise_flag_async(job_id: str) -> None:
+    """`raise_flag` from an event loop, without a thread hop."""
+    client = redis_pool.client()
+
+    async def raise_it() -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
+        pipe.publish(channel(), job_id)
+        await pipe.execute()
+
+    await redis_pool.twice(raise_it)
+
+
+def is_raised(job_id: str) -> bool:
+    """Whether a job's abort flag is up (one Redis round trip: not for checkpoints)."""
+    return bool(_client().exists(abort_key(job_id)))

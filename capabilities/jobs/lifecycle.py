@@ -1,0 +1,206 @@
+"""Create, start, settle and deliver jobs: the one place outcomes change.
+
+A job's outcome is written by one conditional update
+(`UPDATE ... WHERE id = ? AND status IN (queued, running)`); the row count says who
+won. Worker success and failure, agent cancels, timeouts, shutdowns, disconnects,
+the reaper and the admin all settle through `settle`. A loser does nothing visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from capabilities.jobs import inputs, notes, queue, row_updates
+from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
+from capabilities.protocol import WireError, responses
+
+logger = logging.getLogger(__name__)
+
+
+class CallIdInUse(Exception):
+    """The session already has a job with this callId."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How a job ended: what `settle` writes."""
+
+    status: JobStatus
+    result: dict[str, Any] | None = None
+    error: WireError | None = None
+    traceback: str = ""
+    cancel_source: CancelSource | None = None
+    cancel_reason: str = ""
+
+    @classmethod
+    def succeeded(cls, data: dict[str, Any]) -> Outcome:
+        """A result."""
+        return cls(status=JobStatus.SUCCEEDED, result=data)
+
+    @classmethod
+    def failed(cls, error: WireError, *, traceback: str = "") -> Outcome:
+        """An error; the traceback stays in the DB, never goes on the wire."""
+        return cls(status=JobStatus.FAILED, error=error, traceback=traceback)
+
+    @classmethod
+    def cancelled(cls, source: CancelSource, reason: str = "") -> Outcome:
+        """A cancel; a timeout carries TIMEOUT, every other source CANCELLED."""
+        return cls(
+            status=JobStatus.CANCELLED,
+            error=responses.cancelled_error(source),
+            cancel_source=source,
+            cancel_reason=reason[:500],
+        )
+
+
+def create_job(
+    *,
+    session_id: str,
+    call_id: str,
+    request_id: str,
+    capability: str,
+    params: dict[str, Any],
+    timeout_ms: int | None,
+    progress_token: str | int | None,
+    notify_started: bool = False,
+    principal: str = "",
+) -> Job:
+    """Record a call and enqueue its task once the row is committed."""
+    timeout_ms = min(
+        timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
+    )
+    now = timezone.now()
+    job_id = uuid.uuid4()
+    stored_params, spilled = inputs.spill(str(job_id), params)
+    job = Job(
+        id=job_id,
+        session_id=session_id,
+        call_id=call_id,
+        request_id=request_id,
+        capability=capability,
+        params=stored_params,
+        spilled=spilled,
+        principal=principal,
+        progress_token=progress_token,
+        notify_started=notify_started,
+        created_at=now,
+        deadline=now + timedelta(milliseconds=timeout_ms),
+    )
+    try:
+        # One autocommitted INSERT (no BEGIN/COMMIT round of its own); on_commit
+        # then enqueues at once, or when the caller's own transaction commits.
+        job.save(force_insert=True)
+    except IntegrityError as exc:
+        raise CallIdInUse(call_id) from exc
+    transaction.on_commit(lambda: queue.enqueue(job))
+    return job
+
+
+def settle(
+    job_id: uuid.UUID | str,
+    outcome: Outcome,
+    *,
+    work_stopped: bool = False,
+    delivered: bool = False,
+) -> bool:
+    """Write an outcome if the job is still active; True if this call decided it.
+
+    `work_stopped`: the caller is the worker, done with the work, so the same write
+    records when it stopped. `delivered`: the caller is the consumer that will send
+    the result at once, so the same write claims its delivery (see `claim_delivery`).
+    """
+    now = timezone.now()
+    error = outcome.error
+    values: dict[str, Any] = {
+        "status": outcome.status,
+        "settled_at": now,
+        "result": outcome.result,
+        "error_code": error.code if error else "",
+        "error_message": error.message if error else "",
+        "error_retryable": bool(error and error.to_json()["retryable"]),
+        "error_details": error.details if error else None,
+        "error_traceback": outcome.traceback,
+        "cancel_source": outcome.cancel_source or "",
+        "cancel_reason": outcome.cancel_reason,
+    }
+    if work_stopped:
+        values["stopped_at"] = now
+    if delivered:
+        values["delivered_at"] = now
+    updated = row_updates.update_if(
+        job_id,
+        ACTIVE_STATUSES,
+        values,
+        # Work that never started stopped when it was settled.
+        stop_if=None if work_stopped else (JobStatus.QUEUED, now),
+    )
+    if not updated:
+        logger.debug("Outcome %s for job %s dropped: already settled", outcome.status, job_id)
+    return updated == 1
+
+
+def mark_running(job_id: str, worker: str) -> bool:
+    """Queued -> running; False if the job was settled or is already running elsewhere."""
+    now = timezone.now()
+    return row_updates.update_if(
+        job_id,
+        (JobStatus.QUEUED,),
+        {
+            "status": JobStatus.RUNNING,
+            "started_at": now,
+            "heartbeat_at": now,
+            "worker": worker[:200],
+        },
+    )
+
+
+def heartbeat(job_id: str) -> None:
+    """The worker running this job is alive."""
+    row_updates.update_if(job_id, (JobStatus.RUNNING,), {"heartbeat_at": timezone.now()})
+
+
+def record_stopped(job_id: str, *, hard_killed: bool = False) -> None:
+    """Record when the work really stopped (first report wins)."""
+    fields: dict[str, Any] = {"stopped_at": timezone.now()}
+    if hard_killed:
+        fields["hard_killed"] = True
+    Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(**fields)
+
+
+def claim_delivery(job_id: uuid.UUID | str) -> bool:
+    """Claim the sending of a settled job's result; True for exactly one claimant.
+
+    Two consumers may hold the same call for a moment (a session resumed on another
+    Daphne while its old socket lingers); whoever claims first sends, so the agent
+    gets the result once. Claimed before sending: a crash in between would lose it,
+    so a consumer that finds its socket gone gives the claim back (`release_delivery`).
+    """
+    claimed = Job.objects.filter(
+        pk=job_id, delivered_at__isnull=True, status__in=SETTLED_STATUSES
+    ).update(delivered_at=timezone.now())
+    return claimed == 1
+
+
+def release_delivery(job_id: uuid.UUID | str) -> None:
+    """The result could not be sent: give it back, to whoever holds the session now.
+
+    A connection that resumed the session meanwhile may have read its calls before
+    this; the note tells it to take this one too (a later resume finds it anyway).
+    """
+    Job.objects.filter(pk=job_id).update(delivered_at=None)
+    job = Job.objects.filter(pk=job_id).only("session_id").first()
+    if job is not None:
+        notes.notify(str(job.session_id), notes.job_returned(str(job_id)))
+
+
+def find_call(session_id: uuid.UUID | str, call_id: str) -> Job | None:
+    """A session's job by callId; never another session's."""
+    return Job.objects.filter(session_id=uuid.UUID(str(session_id)), call_id=call_id).first()

@@ -1,0 +1,118 @@
+"""Turn a settled job into the ABPResponse of its call-result.
+
+Runners store binary output in Django's storage and put a `{"$file": name, ...}`
+reference in their data; here it becomes inline base64 (BinaryData) up to
+INLINE_RESULT_MAX_BYTES, and a signed, expiring download URL above.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.files.storage import default_storage
+from django.utils import timezone
+
+from capabilities.jobs import download_links as downloads
+from capabilities.jobs.lifecycle import Outcome
+from capabilities.models import Job, JobStatus
+from capabilities.protocol import WireError, responses
+
+FILE_REF_KEY = "$file"
+# A settled note may carry its call's whole response up to this size (JSON bytes):
+# the consumer then answers without reading the DB. Larger ones, and any with
+# files, are read by the consumer.
+NOTE_RESPONSE_MAX_BYTES = 16 * 1024
+
+
+def call_response(job: Job, *, base_url: str = "") -> dict[str, Any]:
+    """The ABPResponse for a settled job; download URLs start with `base_url`."""
+    succeeded = job.status == JobStatus.SUCCEEDED
+    return _response(
+        job.call_id,
+        JobStatus(job.status),
+        data=materialize(job, base_url=base_url) if succeeded else None,
+        error=None if succeeded else job_error(job),
+        duration=duration_ms(job),
+    )
+
+
+def outcome_response(call_id: str, outcome: Outcome, duration: int) -> dict[str, Any]:
+    """The ABPResponse of an outcome this process just settled (no DB read).
+
+    Result files are not inlined here: see `inline_response`.
+    """
+    return _response(
+        call_id, outcome.status, data=outcome.result or {}, error=outcome.error, duration=duration
+    )
+
+
+def inline_response(job: Job, outcome: Outcome) -> dict[str, Any] | None:
+    """The response of a job the worker just settled, if small and file-free."""
+    if outcome.result is not None and any(_is_file_ref(v) for v in outcome.result.values()):
+        return None
+    elapsed = int((timezone.now() - job.created_at).total_seconds() * 1000)
+    response = outcome_response(job.call_id, outcome, elapsed)
+    if len(json.dumps(response)) > NOTE_RESPONSE_MAX_BYTES:
+        return None
+    return response
+
+
+def _response(
+    call_id: str,
+    status: JobStatus,
+    *,
+    data: dict[str, Any] | None,
+    error: WireError | None,
+    duration: int,
+) -> dict[str, Any]:
+    if status == JobStatus.SUCCEEDED:
+        return responses.succeeded(call_id, data or {}, duration)
+    assert error is not None
+    return responses.failed(call_id, error, duration, cancelled=status == JobStatus.CANCELLED)
+
+
+def job_error(job: Job) -> WireError:
+    """The wire error recorded on a job."""
+    return WireError(
+        code=job.error_code,
+        message=job.error_message,
+        retryable=job.error_retryable,
+        details=job.error_details or None,
+    )
+
+
+def duration_ms(job: Job) -> int:
+    """Milliseconds from the call to its outcome."""
+    if job.settled_at is None:
+        return 0
+    return max(0, int((job.settled_at - job.created_at).total_seconds() * 1000))
+
+
+def materialize(job: Job, *, base_url: str) -> dict[str, Any]:
+    """The job's result data, its file references made BinaryData or references."""
+    data: dict[str, Any] = job.result or {}
+    return {
+        key: _binary(job, value, base_url) if _is_file_ref(value) else value
+        for key, value in data.items()
+    }
+
+
+def _is_file_ref(value: Any) -> bool:
+    return isinstance(value, dict) and FILE_REF_KEY in value
+
+
+def _binary(job: Job, ref: dict[str, Any], base_url: str) -> dict[str, Any]:
+    if ref["size"] > settings.ABP["INLINE_RESULT_MAX_BYTES"]:
+        return downloads.reference(job, ref, base_url=base_url)
+    with default_storage.open(ref[FILE_REF_KEY], "rb") as handle:
+        content = handle.read()
+    return {
+        "content": base64.b64encode(content).decode("ascii"),
+        "mimeType": ref["mimeType"],
+        "encoding": "base64",
+        "size": len(content),
+        "filename": ref["filename"],
+    }

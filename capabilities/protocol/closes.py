@@ -1,0 +1,19 @@
+"""Why a connection is refused or closed: stable reasons, close codes, messages."""
+
+# WebSocket close code of each refusal (4000-4999 are the application's). Daphne
+# sends no close reason, so a `notifications/error` frame before the close names it.
+CLOSE_CODES = {
+    "missing-credentials": 4401,
+    "invalid-credentials": 4401,
+    "key-revoked": 4403,
+    "expired-credentials": 4419,
+}
+# Closed after an initialize refused for too many open sessions (RATE_LIMITED).
+TOO_MANY_SESSIONS_CLOSE_CODE = 4429
+REFUSAL_MESSAGES = {
+    "missing-credentials": "An agent key is required (Authorization: Bearer, a subprotocol "
+    "abp.bearer.<key>, or ?access_token=).",
+    "invalid-credentials": "The agent key or page token is not valid.",
+    "key-revoked": "The agent key was revoked.",
+    "expired-credentials": "The page token expired; reload the page (or fetch a new one).",
+}

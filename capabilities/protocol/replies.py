@@ -1,0 +1,101 @@
+"""Outgoing envelopes: one builder per reply type. Pure; no Django."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capabilities.protocol import ErrorCode, MessageType, WireError, encode, responses
+from capabilities.protocol.messages import REPLY_TYPES
+
+NOT_FOUND = "Operation not found"
+ALREADY_COMPLETED = "Operation already completed"
+
+
+def initialize_result(
+    request_id: str,
+    *,
+    session_id: str,
+    protocol_version: str,
+    app: dict[str, Any],
+    capabilities: list[dict[str, Any]],
+    features: dict[str, bool],
+    resume_token: str,
+) -> str:
+    """`initialize-result`, with the token that resumes the session after a drop."""
+    return encode(
+        MessageType.INITIALIZE_RESULT,
+        {
+            "sessionId": session_id,
+            "protocolVersion": protocol_version,
+            "app": app,
+            "capabilities": capabilities,
+            "features": features,
+            "resumeToken": resume_token,
+        },
+        message_id=request_id,
+    )
+
+
+def call_result(request_id: str, response: dict[str, Any]) -> str:
+    """`capabilities/call-result` carrying an ABPResponse."""
+    return encode(MessageType.CALL_RESULT, response, message_id=request_id)
+
+
+def call_error(request_id: str, call_id: str | None, error: WireError) -> str:
+    """A call refused before it became a job."""
+    return call_result(request_id, responses.failed(call_id, error, 0))
+
+
+def cancel_result(
+    request_id: str, call_id: str, *, cancelled: bool, reason: str | None = None
+) -> str:
+    """`capabilities/cancel-result`."""
+    payload: dict[str, Any] = {"callId": call_id, "cancelled": cancelled}
+    if reason is not None:
+        payload["reason"] = reason
+    return encode(MessageType.CANCEL_RESULT, payload, message_id=request_id)
+
+
+def notification(event: str, data: dict[str, Any]) -> str:
+    """`notification {event, data}`."""
+    return encode(MessageType.NOTIFICATION, {"event": event, "data": data})
+
+
+def progress(operation_id: str | int, *, progress: float, total: float | None, stage: str) -> str:
+    """`progress` for a call that asked for it with a progressToken."""
+    percentage = round(100.0 * progress / total, 1) if total else None
+    return encode(
+        MessageType.PROGRESS,
+        {
+            "operationId": operation_id,
+            "progress": progress,
+            "total": total,
+            "percentage": percentage,
+            "stage": stage,
+            "status": "running",
+        },
+    )
+
+
+def error_for(request_type: str | None, request_id: str | None, error: WireError) -> str:
+    """Answer a refused message with its own reply type, or a notification if it has none."""
+    reply_type = REPLY_TYPES.get(request_type or "")
+    if reply_type is None or request_id is None:
+        data: dict[str, Any] = error.to_json()
+        if request_id is not None:
+            data["requestId"] = request_id
+        if request_type is not None:
+            data["requestType"] = request_type[:80]
+        return notification("notifications/error", data)
+    if reply_type == MessageType.CALL_RESULT:
+        return call_error(request_id, None, error)
+    return encode(reply_type, {"error": error.to_json()}, message_id=request_id)
+
+
+def not_initialized(request_type: str | None, request_id: str | None) -> str:
+    """The reply to anything but initialize before initialize."""
+    return error_for(
+        request_type,
+        request_id,
+        WireError(code=ErrorCode.NOT_INITIALIZED, message="Send initialize first."),
+    )

@@ -1,9 +1,0 @@
-"""WebSocket routes."""
-
-from django.urls import path
-
-from capabilities.consumers import ABPConsumer
-
-websocket_urlpatterns = [
-    path("abp/ws", ABPConsumer.as_asgi()),
-]

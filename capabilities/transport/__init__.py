@@ -1,0 +1,1 @@
+"""The Daphne side: the ABP WebSocket consumer and its ASGI guards."""

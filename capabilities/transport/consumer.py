@@ -1,0 +1,245 @@
+"""The WebSocket consumer at /abp/ws: the session's I/O shell.
+
+It decodes frames, hands them to the session (capabilities/session/machine.py),
+performs the actions it gets back, and reports what it found. It writes no
+envelope and decides no outcome. Frames, notes and timers are handled one at a
+time (a lock), so the session never sees interleaved updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from typing import Any
+
+from autobahn.exception import Disconnected
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from capabilities.access import agent_keys, credentials
+from capabilities.calls import cancellation, resumption, start
+from capabilities.calls.app_info import app_info
+from capabilities.jobs import notes
+from capabilities.models import session_group
+from capabilities.protocol import ProtocolError, decode
+from capabilities.session import actions as do
+from capabilities.session.machine import Session
+from capabilities.transport import held_sessions
+from capabilities.transport.background import Background, Timers
+from capabilities.transport.layer import RetryingLayer
+from capabilities.transport.session_io import SessionIO, record_of
+
+
+def _base_url_of(scope: dict[str, Any]) -> str:
+    """Where this agent reached us, for download URLs (http for ws, https for wss)."""
+    host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
+    if not host:
+        server = scope.get("server") or ("127.0.0.1", 80)
+        host = f"{server[0]}:{server[1]}"
+    return f"{'https' if scope.get('scheme') == 'wss' else 'http'}://{host}"
+
+
+class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
+    """One agent connection speaking the ABP envelope."""
+
+    async def connect(self) -> None:
+        self.session = Session(capability_names=start.capability_names, app=app_info())
+        self.layer = RetryingLayer(self.channel_layer)
+        self.serial = asyncio.Lock()
+        self.background = Background()
+        self.timers = Timers(self.background, self.on_timer)
+        self.closed = False  # the socket, as far as this process knows
+        self.group: str | None = None
+        self.key_group: str | None = None
+        prefix = credentials.key_prefix_presented(self.scope)
+        if prefix is not None:
+            # Joined before the key is checked: a revoke racing this connect is heard.
+            self.key_group = agent_keys.key_group(prefix)
+            await self.layer.group_add(self.key_group, self.channel_name)
+        subprotocol = credentials.selected_subprotocol(self.scope)
+        try:
+            principal = await database_sync_to_async(credentials.authenticate)(self.scope)
+        except credentials.Refused as refused:
+            await self.accept(subprotocol=subprotocol)
+            await self.perform(self.session.refuse(refused.reason))
+            return
+        base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
+        self.io = SessionIO(self.session, principal, base_url=base_url)
+        limits = do.Limits(
+            max_concurrent_calls=principal.max_concurrent_calls,
+            max_timeout_ms=functools.partial(start.max_timeout_ms, principal),
+            # Pages do not resume (runtime.js, bridge.js): a page's session ends with
+            # its socket, so its work stops at once and holds no place for the grace.
+            resumable=principal.kind != "page" and resumption.grace().total_seconds() > 0,
+        )
+        await self.perform(self.session.accepted(limits))
+        await self.accept(subprotocol=subprotocol)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
+        frame: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        try:
+            message: Any = decode(frame)
+        except ProtocolError as error:
+            message = error
+        async with self.serial:
+            await self.perform(self.session.receive(message))
+
+    async def disconnect(self, code: int) -> None:
+        if self.key_group is not None:
+            await self.layer.group_discard(self.key_group, self.channel_name)
+        async with self.serial:
+            self.closed = True
+            self.session.socket_gone()
+            await self.perform(self.session.disconnected(code))
+            held_sessions.release(self.channel_name)
+            if self.group is not None:
+                await self.layer.group_discard(self.group, self.channel_name)
+            # Deliveries given back, revokes: done before the session is let go.
+            await self.background.drain()
+
+    async def on_timer(self, call_id: str) -> None:
+        async with self.serial:
+            await self.perform(self.session.timed_out(call_id))
+
+    # -- performing the session's actions --------------------------------------------
+
+    async def perform(self, actions: list[do.Action]) -> None:
+        """Carry out actions in order; what one finds is performed before the next."""
+        for action in actions:
+            await self.perform(await self.perform_one(action))
+
+    async def perform_one(self, action: do.Action) -> list[do.Action]:
+        """Perform one action; the session's answer to what it found."""
+        match action:
+            case do.Send():
+                return (
+                    []
+                    if await self.send_frame(action.text)
+                    else self.session.send_dropped(action.claims)
+                )
+            case do.Close():
+                await self.close_socket(action.code)
+                return self.session.socket_gone()
+            case do.StartTimer():
+                self.timers.start(action.call_id, action.seconds)
+            case do.StopTimer():
+                self.timers.stop(action.call_id)
+            case do.StopTimers():
+                self.timers.stop_all()
+            case do.StopWork():
+                self.background.run(cancellation.stop_work_async(action.job_id))
+            case do.GiveBack():
+                self.background.run(self.io.give_back(action.job_id))
+            case do.Detach():
+                held_sessions.release(self.channel_name)
+                self.background.run(self.io.detach(action.session_id, action.generation))
+            case do.LetGo():
+                held_sessions.release(self.channel_name)
+            case do.AnnounceTakeover():
+                note = notes.session_superseded(action.generation)
+                await self.layer.group_send(session_group(action.session_id), note)
+            case do.OpenSession():
+                return await self.open_session(action)
+            case do.ResumeSession():
+                return await self.resume_session(action)
+            case do.StartCall():
+                return await self.io.start_call(action)
+            case do.SettleCancels():
+                return await self.io.settle_cancels(action)
+            case do.ClaimResult():
+                return await self.io.claim_result(action)
+            case do.LookUp():
+                return await self.io.look_up(action)
+            case do.FindUnanswered():
+                return await self.io.find_unanswered(action)
+            case do.EndSession():
+                return await self.io.end_session(action)
+        return []
+
+    async def send_frame(self, text: str) -> bool:
+        """Send a frame; False if the socket is gone.
+
+        A note can arrive after the socket closed and before Daphne delivers the
+        disconnect; the frame is dropped (the outcome stays in the DB).
+        """
+        if self.closed:
+            return False
+        try:
+            await self.send(text_data=text)
+        except (Disconnected, OSError):  # autobahn's, or the server's "closed" (asgi.py)
+            self.closed = True
+            return False
+        return True
+
+    async def close_socket(self, code: int) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Disconnected):
+                await self.close(code=code)
+
+    async def open_session(self, action: do.OpenSession) -> list[do.Action]:
+        refused = await self.io.open_session(action, credentials.origin_of(self.scope))
+        if refused is not None:
+            return refused
+        await self.join(action.session_id)
+        return self.session.opened(action)
+
+    async def resume_session(self, action: do.ResumeSession) -> list[do.Action]:
+        try:
+            group = session_group(action.session_id)
+        except ValueError:
+            return self.session.resume_refused(resumption.invalid().error)
+        # Joined before the session's jobs are read: no settle falls in between.
+        await self.layer.group_add(group, self.channel_name)
+        replacement = resumption.new_token()
+        try:
+            resumed = await self.io.resume(action, replacement)
+        except resumption.ResumeRefused as refused:
+            await self.layer.group_discard(group, self.channel_name)
+            return self.session.resume_refused(refused.error)
+        await self.join(action.session_id)
+        return self.session.resumed(
+            action,
+            token=replacement,
+            generation=resumed.generation,
+            was_held=resumed.was_held,
+            calls=[record_of(job) for job in resumed.jobs],
+        )
+
+    async def join(self, session_id: str) -> None:
+        """Hold the session here, and hear its notes."""
+        self.group = session_group(session_id)
+        await self.layer.group_add(self.group, self.channel_name)
+        held_sessions.hold(self.channel_name, session_id)
+
+    # -- notes from workers, the reaper, the admin, other connections ----------------
+
+    async def job_started(self, event: dict[str, Any]) -> None:
+        await self.perform(self.session.job_started(event["call_id"]))
+
+    async def job_progress(self, event: dict[str, Any]) -> None:
+        progress = self.session.job_progress(
+            event["call_id"], progress=event["progress"], total=event["total"], stage=event["stage"]
+        )
+        await self.perform(progress)
+
+    async def job_settled(self, event: dict[str, Any]) -> None:
+        async with self.serial:
+            await self.perform(self.session.job_settled(event["call_id"], event.get("response")))
+
+    async def job_returned(self, event: dict[str, Any]) -> None:
+        async with self.serial:
+            await self.perform(self.session.job_returned(event["job_id"]))
+
+    async def session_superseded(self, event: dict[str, Any]) -> None:
+        if event["generation"] <= self.session.generation:
+            return  # our own announcement, or an older one
+        async with self.serial:
+            await self.perform(self.session.superseded(event["generation"]))
+
+    async def agent_key_revoked(self, event: dict[str, Any]) -> None:
+        async with self.serial:
+            await self.perform(self.session.key_revoked())

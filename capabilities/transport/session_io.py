@@ -1,0 +1,156 @@
+"""The database side of a connection's actions: do them, report what they found.
+
+Composed into the consumer (capabilities/transport/consumer.py), which does the
+socket, the channel layer and the timers. Each method performs one action through
+the call service and returns the session's answer to what it found.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.utils import timezone
+
+from capabilities.access.principal import Principal
+from capabilities.calls import budgets, cancellation, resumption, sessions, start
+from capabilities.jobs import lifecycle
+from capabilities.models import CancelSource, Job
+from capabilities.session import machine
+from capabilities.session.actions import (
+    Action,
+    CallRecord,
+    ClaimResult,
+    EndSession,
+    FindUnanswered,
+    LookUp,
+    OpenSession,
+    ResumeSession,
+    SettleCancels,
+    StartCall,
+)
+from capabilities.session.machine import Session
+
+
+def record_of(job: Job) -> CallRecord:
+    """What the session needs to know of a stored call."""
+    left = (job.deadline - timezone.now()).total_seconds() if job.deadline else 0.0
+    return CallRecord(
+        call_id=job.call_id,
+        request_id=job.request_id,
+        job_id=str(job.id),
+        progress_token=job.progress_token,
+        status=job.status,
+        active=job.is_active,
+        delivered=job.delivered_at is not None,
+        seconds_left=left,
+    )
+
+
+class SessionIO:
+    """One connection's calls to the call service, on behalf of its session."""
+
+    def __init__(self, session: Session, principal: Principal, *, base_url: str) -> None:
+        self.session = session
+        self.principal = principal
+        self.base_url = base_url
+
+    @property
+    def session_id(self) -> str:
+        """The session's id (the session is open)."""
+        assert self.session.session_id is not None
+        return self.session.session_id
+
+    async def open_session(self, action: OpenSession, origin: str) -> list[Action] | None:
+        """Record the session; the session's refusal if over the principal's budget."""
+        try:
+            await database_sync_to_async(budgets.open_session)(
+                self.principal,
+                action.session_id,
+                action.message,
+                origin=origin,
+                resume_token=action.resume_token,
+            )
+        except budgets.OverBudget as over:
+            return self.session.open_refused(over.error)
+        return None
+
+    async def resume(self, action: ResumeSession, replacement: str) -> resumption.Resumed:
+        """Take the session over (ResumeRefused if not), rotating its token."""
+        resumed: resumption.Resumed = await database_sync_to_async(resumption.resume)(
+            action.session_id, action.token, self.principal, replacement
+        )
+        return resumed
+
+    async def start_call(self, action: StartCall) -> list[Action]:
+        """Start the call through the call service."""
+        call = start.CallRequest(
+            session_id=self.session_id,
+            call_id=action.call_id,
+            request_id=action.request_id,
+            capability=action.capability,
+            params=action.params,
+            timeout_ms=action.timeout_ms,
+            progress_token=action.progress_token,
+            notify_started=action.notify_started,
+        )
+        try:
+            job = await start.start(self.principal, call)
+        except start.CallRefused as refused:
+            return self.session.call_refused(action, refused.error)
+        return self.session.call_started(record_of(job))
+
+    async def settle_cancels(self, action: SettleCancels) -> list[Action]:
+        """The cancel pipeline's first step; the losers' responses when asked for."""
+        won: dict[str, bool] = await database_sync_to_async(cancellation.settle_cancelled)(
+            list(action.job_ids),
+            CancelSource(action.source),
+            action.reason,
+            delivered=action.delivered,
+        )
+        losers: dict[str, dict[str, Any] | None] = {}
+        if action.read_losers:
+            for job_id in (job_id for job_id, ok in won.items() if not ok):
+                losers[job_id] = await database_sync_to_async(sessions.settled_response)(
+                    job_id, self.base_url
+                )
+        return self.session.cancels_settled(action, won, losers)
+
+    async def claim_result(self, action: ClaimResult) -> list[Action]:
+        """Claim the sending of a settled call's result."""
+        claimed = await database_sync_to_async(sessions.claim_response)(
+            action.job_id, self.base_url, action.response
+        )
+        if claimed is sessions.NotClaimed.STILL_ACTIVE:
+            return self.session.result_claimed(action, machine.STILL_ACTIVE)
+        if claimed is sessions.NotClaimed.DELIVERED_ELSEWHERE:
+            return self.session.result_claimed(action, machine.DELIVERED_ELSEWHERE)
+        assert isinstance(claimed, dict)
+        return self.session.result_claimed(action, claimed)
+
+    async def look_up(self, action: LookUp) -> list[Action]:
+        """Find a call of this session, by call id or job id."""
+        if action.call_id is not None:
+            job = await database_sync_to_async(lifecycle.find_call)(self.session_id, action.call_id)
+        else:
+            assert action.job_id is not None
+            job = await database_sync_to_async(sessions.find_job)(self.session_id, action.job_id)
+        return self.session.found(action, record_of(job) if job is not None else None)
+
+    async def find_unanswered(self, action: FindUnanswered) -> list[Action]:
+        """Every unanswered call of the session."""
+        pending = await database_sync_to_async(sessions.undelivered_jobs)(self.session_id)
+        return self.session.unanswered(action.then, [record_of(job) for job in pending])
+
+    async def end_session(self, action: EndSession) -> list[Action]:
+        """Record that the session ended."""
+        await database_sync_to_async(sessions.close_session)(action.session_id, action.reason)
+        return []
+
+    async def give_back(self, job_id: str) -> None:
+        """Release a claimed result nobody received."""
+        await database_sync_to_async(lifecycle.release_delivery)(job_id)
+
+    async def detach(self, session_id: str, generation: int) -> None:
+        """Start the session's grace period."""
+        await database_sync_to_async(resumption.detach)(session_id, generation)

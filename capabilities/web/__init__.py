@@ -1,0 +1,1 @@
+"""The HTTP side: pages, the manifest, page tokens, downloads."""

@@ -1,0 +1,126 @@
+"""HTTP views: the app page, the ABP manifest, the embed bridge, the demo, and the
+browser modules (`static/abp/`, served by WhiteNoise) that those pages load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.cache import cache_control, never_cache
+from django.views.decorators.clickjacking import xframe_options_exempt
+from django.views.decorators.http import require_GET
+
+from capabilities.access import page_tokens
+from capabilities.access.origins import BadOrigin, normalize_all
+from capabilities.calls.app_info import app_info
+from capabilities.protocol import PROTOCOL_VERSION
+from capabilities.work import registry
+
+# Where agents open their WebSocket (capabilities/transport/routing.py); the pages pass it to
+# the browser modules.
+WEBSOCKET_PATH = "/abp/ws"
+
+
+def embed_allowed_origins() -> list[str]:
+    """The origins other than the app's own that may embed and drive `/abp/embed/`."""
+    try:
+        return normalize_all(settings.ABP["EMBED_ALLOWED_ORIGINS"])
+    except BadOrigin as error:
+        raise ImproperlyConfigured(f"ABP_EMBED_ALLOWED_ORIGINS: {error}") from error
+
+
+def page_origin(request: HttpRequest) -> str:
+    """The origin this page was served from, as its browser will send it."""
+    return request.build_absolute_uri("/").rstrip("/")
+
+
+def page_token_context(request: HttpRequest) -> dict[str, Any]:
+    """What a page needs to open its WebSocket: a fresh token, where to renew it."""
+    return {
+        "token": page_tokens.issue(page_origin(request)),
+        "tokenUrl": reverse("abp-page-token"),
+        "tokenMaxAgeSeconds": page_tokens.max_age(),
+    }
+
+
+def manifest_data() -> dict[str, object]:
+    """The manifest: the app and every capability with its schemas."""
+    return {
+        "abp": PROTOCOL_VERSION,
+        "app": app_info(),
+        "capabilities": [spec.describe() for spec in registry.all_specs()],
+    }
+
+
+@require_GET
+@cache_control(public=True, max_age=300)
+def manifest(request: HttpRequest) -> JsonResponse:
+    """`/abp.json`, readable cross-origin (agents fetch it from anywhere)."""
+    response = JsonResponse(manifest_data())
+    response["Access-Control-Allow-Origin"] = "*"
+    return response
+
+
+def _page_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {
+        "app": app_info(),
+        "websocket_path": WEBSOCKET_PATH,
+        "page_token": page_token_context(request),
+        **extra,
+    }
+
+
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    """The app page: the manifest link and the `window.abp` runtime in its head."""
+    return render(request, "index.html", _page_context(request, specs=registry.all_specs()))
+
+
+@require_GET
+def demo(request: HttpRequest) -> HttpResponse:
+    """A page for people: it embeds the bridge and runs jobs through it with client.js."""
+    return render(request, "abp/demo.html", _page_context(request))
+
+
+@require_GET
+@never_cache
+def page_token(request: HttpRequest) -> JsonResponse:
+    """`/abp/page-token/`: a fresh page token, for a page open longer than one lasts.
+
+    It grants nothing the pages do not: they are public and carry one too.
+    """
+    context = page_token_context(request)
+    return JsonResponse({"token": context["token"], "maxAgeSeconds": context["tokenMaxAgeSeconds"]})
+
+
+@require_GET
+@xframe_options_exempt
+def embed(request: HttpRequest) -> HttpResponse:
+    """`/abp/embed/`: the postMessage bridge other sites embed in an iframe.
+
+    XFrameOptionsMiddleware would send DENY; this page is made to be framed, but only
+    by the allowed origins, which its CSP's frame-ancestors names (the bridge script
+    checks every message's origin against the same list).
+    """
+    origins = embed_allowed_origins()
+    config = {
+        "endpoint": WEBSOCKET_PATH,
+        "allowedOrigins": origins,
+        "maxFrameBytes": settings.ABP["MAX_FRAME_BYTES"],
+        "protocolVersion": PROTOCOL_VERSION,
+        "app": app_info(),
+        **page_token_context(request),
+    }
+    response = render(request, "abp/embed.html", _page_context(request, config=config))
+    # The site-wide policy (settings.CONTENT_SECURITY_POLICY), framed by the allowed
+    # origins instead of nobody, and posting no forms: what django-csp's csp_replace
+    # decorator sets, computed per request.
+    response._csp_replace = {  # type: ignore[attr-defined]
+        "frame-ancestors": ["'self'", *origins],
+        "form-action": ["'none'"],
+    }
+    return response

@@ -1,0 +1,4 @@
+"""The work itself, one folder per capability: its spec and its runner.
+
+No Celery, no database, no agent.
+"""

@@ -1,0 +1,1 @@
+"""process.image: Pillow with decoding limits."""

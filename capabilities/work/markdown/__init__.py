@@ -1,0 +1,1 @@
+"""convert.markdownToHtml: Markdown rendered and sanitised."""

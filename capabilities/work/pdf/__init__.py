@@ -1,0 +1,1 @@
+"""export.pdf: WeasyPrint behind a bounded URL fetcher."""

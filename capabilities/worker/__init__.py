@@ -1,0 +1,1 @@
+"""The Celery side: tasks, the job executor, the interrupter, heartbeats, memory caps."""

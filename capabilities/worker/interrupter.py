@@ -1,0 +1,244 @@
+"""Stopping a job's work in the worker when its abort flag goes up.
+
+Flags are raised by capabilities/jobs/abort_flags.py. A worker never
+polls Redis at checkpoints: a watcher thread subscribed to the channel sets an
+in-process flag, and raises `JobAborted` into the task's thread for code without
+checkpoints (the way Celery's SIGUSR1 soft time limit raises into a task).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, TypeVar
+
+import redis
+from django.conf import settings
+
+from capabilities.jobs import abort_flags
+from capabilities.work.context import JobAborted
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# While a job is aborted but still running, the watcher raises again this often;
+# otherwise it wakes only to notice it should stop.
+RERAISE_INTERVAL_SECONDS = 0.005
+IDLE_WAKE_SECONDS = 1.0
+
+
+class Interrupter:
+    """The job a worker process is running, and the means to stop it.
+
+    One per process: a prefork child runs one task at a time in its main thread.
+    Raising into a thread is only safe in the work itself, so a raise happens only
+    while `run` is on that thread's stack, outside `shielded` sections, and not
+    while the thread is inside code where an exception would break a lock or an
+    import (logging, threading, importlib). The watcher retries until one lands.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._job_id: str | None = None
+        self._thread_id: int | None = None
+        self._window: FrameType | None = None
+        self._shielded = 0
+        self._aborted = threading.Event()
+
+    @property
+    def current_job_id(self) -> str | None:
+        """The job being run, if any."""
+        return self._job_id
+
+    def begin(self, job_id: str) -> None:
+        """Register the job this thread is about to run (before checking its flag)."""
+        with self._lock:
+            self._job_id = job_id
+            self._thread_id = threading.get_ident()
+            self._aborted.clear()
+
+    def end(self) -> None:
+        """Forget the job; later aborts for it do nothing here."""
+        with self._lock:
+            self._job_id = None
+            self._thread_id = None
+            self._window = None
+            self._aborted.clear()
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the current job was aborted."""
+        return self._aborted.is_set()
+
+    def checkpoint(self) -> None:
+        """Raise JobAborted if the current job was aborted: no I/O."""
+        if self._aborted.is_set():
+            raise JobAborted()
+
+    def abort(self, job_id: str) -> bool:
+        """Abort `job_id` if it is the one running here; True if it was."""
+        with self._lock:
+            if job_id != self._job_id:
+                return False
+            self._aborted.set()
+            self._raise_locked()
+            return True
+
+    def poke(self) -> None:
+        """Raise again into a job that was aborted and is still inside its work.
+
+        A raise can be swallowed (a destructor, an `except BaseException`), or be
+        held back while the thread was somewhere unsafe: retried until the work ends.
+        """
+        with self._lock:
+            if self._aborted.is_set():
+                self._raise_locked()
+
+    def _raise_locked(self) -> None:
+        if self._window is None or self._shielded or self._thread_id is None:
+            return
+        frame = sys._current_frames().get(self._thread_id)
+        if frame is None or not _safe_to_raise(frame, self._window):
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self._thread_id), ctypes.py_object(JobAborted)
+        )
+
+    def run(self, work: Callable[[], T]) -> T:
+        """Run the job's work: JobAborted may be raised into it from now on."""
+        self.checkpoint()
+        with self._lock:
+            self._window = sys._getframe()
+        try:
+            return work()
+        finally:
+            with self._lock:
+                self._window = None
+                self._clear_pending_locked()
+
+    @contextmanager
+    def shielded(self) -> Iterator[None]:
+        """Hold off raising while the job's own bookkeeping (DB, storage) runs."""
+        with self._lock:
+            self._shielded += 1
+            self._clear_pending_locked()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._shielded -= 1
+        self.checkpoint()
+
+    def _clear_pending_locked(self) -> None:
+        # Drop an exception raised but not delivered yet: it must not fire outside
+        # the work it was meant to stop.
+        if self._thread_id is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
+
+# Where an exception raised from outside breaks more than the work: between a lock's
+# acquire() and its try (logging), inside threading primitives, or halfway through
+# an import.
+_UNSAFE_FILES = (
+    f"{os.sep}logging{os.sep}",
+    f"{os.sep}threading.py",
+    f"{os.sep}queue.py",
+    "<frozen importlib",
+    __file__,
+)
+
+
+def _safe_to_raise(frame: FrameType, window: FrameType) -> bool:
+    """Whether the thread at `frame` is inside the work window, at a safe spot."""
+    filename = frame.f_code.co_filename
+    if any(part in filename for part in _UNSAFE_FILES):
+        return False
+    current: FrameType | None = frame
+    while current is not None:
+        if current is window:
+            return True
+        current = current.f_back
+    return False
+
+
+INTERRUPTER = Interrupter()
+
+
+class AbortWatcher(threading.Thread):
+    """Listens on the abort channel and stops the job running in this process."""
+
+    def __init__(self, interrupter: Interrupter) -> None:
+        super().__init__(name="abp-abort-watcher", daemon=True)
+        self._interrupter = interrupter
+        self.subscribed = threading.Event()
+
+    def run(self) -> None:
+        channel = abort_flags.channel()
+        while True:
+            try:
+                self._listen(channel)
+            except redis.RedisError:
+                logger.warning("Abort watcher lost Redis; reconnecting", exc_info=True)
+                self.subscribed.clear()
+                time.sleep(0.5)
+
+    def _listen(self, channel: str) -> None:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(channel)
+            self.subscribed.set()
+            # A flag raised while we were not subscribed was not heard: look at it.
+            self._recheck()
+            while True:
+                wait = RERAISE_INTERVAL_SECONDS if self._interrupter.aborted else IDLE_WAKE_SECONDS
+                message = pubsub.get_message(timeout=wait)
+                if message is not None and message.get("type") == "message":
+                    # No logging here: a raise can land while the task's thread holds
+                    # a logging lock, and this thread must never wait on one.
+                    self._interrupter.abort(message["data"].decode())
+                self._interrupter.poke()
+        finally:
+            pubsub.close()
+            client.close()
+
+    def _recheck(self) -> None:
+        job_id = self._interrupter.current_job_id
+        if job_id is not None and abort_flags.is_raised(job_id):
+            self._interrupter.abort(job_id)
+
+
+_watcher: AbortWatcher | None = None
+
+
+def _quiet_unraisable_aborts(default: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisablehook that drops JobAborted.
+
+    A raise that lands in a destructor (cffi's finalizers in WeasyPrint) is
+    "unraisable": Python prints it and goes on, and the watcher raises again. Printing
+    it would take logging's locks exactly where a raise can land, so it is dropped.
+    """
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is not JobAborted:
+            default(unraisable)
+
+    return hook
+
+
+def start_watcher() -> AbortWatcher:
+    """Start this process's watcher once (called in each worker child after fork)."""
+    global _watcher  # noqa: PLW0603 - one watcher per process
+    if _watcher is None or not _watcher.is_alive():
+        sys.unraisablehook = _quiet_unraisable_aborts(sys.unraisablehook)
+        _watcher = AbortWatcher(INTERRUPTER)
+        _watcher.start()
+    return _watcher

@@ -1,0 +1,401 @@
+"""The consumer in-process: Channels' WebsocketCommunicator and its in-memory layer.
+
+No Daphne, no Redis, no worker: the shell's own wiring (frames decoded and handed
+to the session, its actions performed against the real database, notes heard
+through a channel layer) tested fast, beside the real-stack tests. A test that
+starts a job patches the seams that would reach Redis or the broker (the queue, the
+rate limiter, stopping the work) and plays the worker itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import override_settings
+
+from capabilities.access import agent_keys
+from capabilities.jobs import lifecycle, notes
+from capabilities.models import AgentSession, Job, JobStatus, session_group
+from capabilities.protocol import replies
+from capabilities.transport.consumer import ABPConsumer
+
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+TIMEOUT = 5.0
+Envelope = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def key(database: None) -> str:
+    """An agent key of this module's own: its sessions count against no other test's."""
+    return agent_keys.create_key("in-process consumer tests")[1]
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer() -> Iterator[None]:
+    # A fresh layer per test: its queues belong to the event loop that first used them.
+    with override_settings(CHANNEL_LAYERS=IN_MEMORY):
+        yield
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(scenario())
+
+
+class Agent:
+    """An agent on a WebsocketCommunicator."""
+
+    def __init__(self, key: str | None) -> None:
+        headers = [(b"host", b"testserver")]
+        if key is not None:
+            headers.append((b"authorization", f"Bearer {key}".encode()))
+        self.ws = WebsocketCommunicator(ABPConsumer.as_asgi(), "/abp/ws", headers=headers)
+        self.numbers = iter(range(1, 1000))
+
+    async def connect(self) -> None:
+        connected, _ = await self.ws.connect(timeout=TIMEOUT)
+        assert connected
+
+    async def send(self, message_type: str, payload: dict[str, Any]) -> str:
+        message_id = f"m{next(self.numbers)}"
+        frame = {"type": message_type, "id": message_id, "payload": payload}
+        await self.ws.send_to(text_data=json.dumps(frame))
+        return message_id
+
+    async def receive(self) -> Envelope:
+        envelope: Envelope = await self.ws.receive_json_from(timeout=TIMEOUT)
+        return envelope
+
+    async def reply_to(self, message_id: str) -> Envelope:
+        envelope = await self.receive()
+        assert envelope["id"] == message_id, envelope
+        return envelope
+
+    async def closed_with(self) -> int:
+        """The close the consumer sent (after every frame before it was read)."""
+        output = await self.ws.receive_output(timeout=TIMEOUT)
+        assert output["type"] == "websocket.close", output
+        code: int = output["code"]
+        return code
+
+    async def initialize(self) -> Envelope:
+        message_id = await self.send(
+            "initialize",
+            {
+                "agent": {"name": "in-process", "version": "1.0"},
+                "protocolVersion": "0.1",
+                "features": {"notifications": False, "progress": True},
+            },
+        )
+        reply = await self.reply_to(message_id)
+        assert reply["type"] == "initialize-result"
+        return reply
+
+    async def disconnect(self, code: int = 1000) -> None:
+        """The client's close reaches the consumer; its disconnect runs to the end."""
+        await self.ws.disconnect(code=code, timeout=TIMEOUT)
+
+    async def nothing_more(self) -> None:
+        assert await self.ws.receive_nothing(timeout=0.2)
+
+
+async def session_row(session_id: str) -> AgentSession:
+    row: AgentSession = await database_sync_to_async(AgentSession.objects.get)(pk=session_id)
+    return row
+
+
+async def job_of(session_id: str, call_id: str) -> Job | None:
+    jobs = Job.objects.filter(session_id=uuid.UUID(session_id), call_id=call_id)
+    job: Job | None = await database_sync_to_async(jobs.first)()
+    return job
+
+
+# -- connecting ---------------------------------------------------------------------------
+
+
+def test_a_connection_without_a_credential_is_told_why_then_closed_with_4401() -> None:
+    # No database either: the credential is refused before any lookup.
+    async def scenario() -> None:
+        agent = Agent(key=None)
+        await agent.connect()  # accepted, so that the reason can be read
+        note = await agent.receive()
+        assert note["type"] == "notification"
+        assert note["payload"]["event"] == "notifications/error"
+        data = note["payload"]["data"]
+        assert data["code"] == "PERMISSION_DENIED"
+        assert data["retryable"] is False
+        assert data["details"] == {"reason": "missing-credentials", "closeCode": 4401}
+        assert await agent.closed_with() == 4401
+        await agent.disconnect(4401)
+
+    with override_settings(ABP={**settings.ABP, "ALLOW_ANONYMOUS": False}):
+        run(scenario)
+
+
+def test_an_unknown_key_is_refused_with_4401(database: None) -> None:
+    async def scenario() -> None:
+        agent = Agent(key="abp_nosuchkey_" + "x" * 43)
+        await agent.connect()
+        note = await agent.receive()
+        assert note["payload"]["data"]["details"]["closeCode"] == 4401
+        assert await agent.closed_with() == 4401
+        await agent.disconnect(4401)
+
+    run(scenario)
+
+
+# -- initialize -----------------------------------------------------------------------------
+
+
+def test_initialize_opens_a_session_that_a_drop_detaches(key: str) -> None:
+    async def scenario() -> None:
+        agent = Agent(key)
+        await agent.connect()
+        reply = await agent.initialize()
+        payload = reply["payload"]
+        assert set(payload) == {
+            "sessionId",
+            "protocolVersion",
+            "app",
+            "capabilities",
+            "features",
+            "resumeToken",
+        }
+        assert payload["protocolVersion"] == "0.1"
+        names = {capability["name"] for capability in payload["capabilities"]}
+        assert {"export.pdf", "process.image", "convert.markdownToHtml"} <= names
+        assert payload["features"] == {
+            "notifications": False,
+            "progress": True,
+            "elicitation": False,
+        }
+        row = await session_row(payload["sessionId"])
+        assert row.agent_name == "in-process"
+        assert row.auth == "key"
+        assert row.closed_at is None
+        assert row.detached_at is None
+        # A key's session is resumable: the drop detaches it for the grace period.
+        await agent.disconnect(1006)
+        row = await session_row(payload["sessionId"])
+        assert row.detached_at is not None
+        assert row.closed_at is None
+
+    run(scenario)
+
+
+def test_a_second_initialize_is_already_initialized(key: str) -> None:
+    async def scenario() -> None:
+        agent = Agent(key)
+        await agent.connect()
+        first = await agent.initialize()
+        message_id = await agent.send("initialize", {})
+        reply = await agent.reply_to(message_id)
+        assert reply["type"] == "initialize-result"
+        assert reply["payload"]["error"]["code"] == "ALREADY_INITIALIZED"
+        assert first["payload"]["sessionId"]
+        await agent.disconnect()
+
+    run(scenario)
+
+
+# -- frames -----------------------------------------------------------------------------------
+
+
+def test_a_frame_before_initialize_is_not_initialized(key: str) -> None:
+    async def scenario() -> None:
+        agent = Agent(key)
+        await agent.connect()
+        message_id = await agent.send(
+            "capabilities/call", {"capability": "export.pdf", "params": {"html": "<p>x</p>"}}
+        )
+        reply = await agent.reply_to(message_id)
+        assert reply["type"] == "capabilities/call-result"
+        assert reply["payload"]["success"] is False
+        assert reply["payload"]["error"]["code"] == "NOT_INITIALIZED"
+        # Not even JSON: a notification, the connection stays usable.
+        await agent.ws.send_to(text_data="{oops")
+        note = await agent.receive()
+        assert note["type"] == "notification"
+        assert note["payload"]["data"]["code"] == "PARSE_ERROR"
+        assert (await agent.initialize())["payload"]["sessionId"]
+        await agent.disconnect()
+
+    run(scenario)
+
+
+def test_a_call_of_an_unknown_capability_is_answered_with_its_error(key: str) -> None:
+    async def scenario() -> None:
+        agent = Agent(key)
+        await agent.connect()
+        session_id = (await agent.initialize())["payload"]["sessionId"]
+        message_id = await agent.send(
+            "capabilities/call",
+            {"capability": "export.docx", "params": {}, "options": {"callId": "c-1"}},
+        )
+        reply = await agent.reply_to(message_id)
+        assert reply["type"] == "capabilities/call-result"
+        assert reply["payload"]["callId"] == "c-1"
+        assert reply["payload"]["success"] is False
+        error = reply["payload"]["error"]
+        assert error["code"] == "UNKNOWN_CAPABILITY"
+        assert error["details"] == {"capability": "export.docx"}
+        assert await job_of(session_id, "c-1") is None  # nothing stored
+        await agent.nothing_more()
+        await agent.disconnect()
+
+    run(scenario)
+
+
+def test_a_cancel_of_an_unknown_call_is_not_found(key: str) -> None:
+    async def scenario() -> None:
+        agent = Agent(key)
+        await agent.connect()
+        await agent.initialize()
+        message_id = await agent.send("capabilities/cancel", {"callId": "ghost"})
+        reply = await agent.reply_to(message_id)
+        assert reply["type"] == "capabilities/cancel-result"
+        assert reply["payload"] == {
+            "callId": "ghost",
+            "cancelled": False,
+            "reason": replies.NOT_FOUND,
+        }
+        await agent.disconnect()
+
+    run(scenario)
+
+
+def test_shutdown_ends_the_session_and_closes_with_1000(key: str) -> None:
+    async def scenario() -> None:
+        agent = Agent(key)
+        await agent.connect()
+        session_id = (await agent.initialize())["payload"]["sessionId"]
+        await agent.send("shutdown", {"reason": "done"})
+        assert await agent.closed_with() == 1000
+        await agent.disconnect(1000)
+        row = await session_row(session_id)
+        assert row.closed_at is not None
+        assert row.close_reason == "shutdown: done"
+        assert row.detached_at is None  # ended, not waiting for a resume
+
+    run(scenario)
+
+
+# -- a call's life, with the worker played by the test --------------------------------------
+
+MARKDOWN = {"markdown": "# Title"}
+
+
+class Seams:
+    """The seams a started call would take to Redis and the broker, patched."""
+
+    def __init__(self) -> None:
+        self.enqueued: list[str] = []
+        self.stopped: list[str] = []
+
+    def __enter__(self) -> Seams:
+        async def stop_work(job_id: str) -> None:
+            self.stopped.append(job_id)
+
+        def enqueue(job: Job) -> None:
+            self.enqueued.append(str(job.id))
+
+        self.patches = contextlib.ExitStack()
+        self.patches.enter_context(mock.patch("capabilities.jobs.queue.enqueue", enqueue))
+        # Calls per minute are counted in Redis; none runs here.
+        self.patches.enter_context(
+            mock.patch(
+                "capabilities.access.rate_limits.retry_after_ms", mock.AsyncMock(return_value=None)
+            )
+        )
+        # The abort flag (Redis) and the revoke (the broker).
+        self.patches.enter_context(
+            mock.patch("capabilities.calls.cancellation.stop_work_async", stop_work)
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.patches.close()
+
+
+async def start_call(agent: Agent, session_id: str, call_id: str) -> tuple[str, Job]:
+    message_id = await agent.send(
+        "capabilities/call",
+        {
+            "capability": "convert.markdownToHtml",
+            "params": MARKDOWN,
+            "options": {"callId": call_id},
+        },
+    )
+    for _ in range(100):
+        job = await job_of(session_id, call_id)
+        if job is not None:
+            return message_id, job
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no job for {call_id}")
+
+
+def test_a_result_the_worker_settles_reaches_the_agent_once(key: str) -> None:
+    async def scenario() -> None:
+        with Seams() as seams:
+            agent = Agent(key)
+            await agent.connect()
+            session_id = (await agent.initialize())["payload"]["sessionId"]
+            message_id, job = await start_call(agent, session_id, "c-1")
+            assert seams.enqueued == [str(job.id)]
+            # The worker: settle, then the note to the session's group.
+            outcome = lifecycle.Outcome.succeeded({"html": "<h1>Title</h1>"})
+            settle = database_sync_to_async(lifecycle.settle)
+            assert await settle(job.id, outcome, work_stopped=True)
+            layer = get_channel_layer()
+            await layer.group_send(session_group(session_id), notes.job_settled("c-1"))
+            reply = await agent.reply_to(message_id)
+            assert reply["type"] == "capabilities/call-result"
+            assert reply["payload"]["callId"] == "c-1"
+            assert reply["payload"]["success"] is True
+            assert reply["payload"]["data"] == {"html": "<h1>Title</h1>"}
+            stored = await job_of(session_id, "c-1")
+            assert stored is not None
+            assert stored.delivered_at is not None
+            # A second note (a nudge, a duplicate) sends nothing more.
+            await layer.group_send(session_group(session_id), notes.job_settled("c-1"))
+            await agent.nothing_more()
+            await agent.disconnect()
+
+    run(scenario)
+
+
+def test_a_cancel_of_a_running_call_answers_then_stops_the_work(key: str) -> None:
+    async def scenario() -> None:
+        with Seams() as seams:
+            agent = Agent(key)
+            await agent.connect()
+            session_id = (await agent.initialize())["payload"]["sessionId"]
+            call_message, job = await start_call(agent, session_id, "c-1")
+            cancel_message = await agent.send(
+                "capabilities/cancel", {"callId": "c-1", "reason": "no longer needed"}
+            )
+            cancel_reply = await agent.reply_to(cancel_message)
+            assert cancel_reply["payload"] == {"callId": "c-1", "cancelled": True}
+            result = await agent.reply_to(call_message)
+            assert result["payload"]["cancelled"] is True
+            assert result["payload"]["error"]["code"] == "CANCELLED"
+            await agent.disconnect()  # drains the background work
+            assert seams.stopped == [str(job.id)]
+            stored = await job_of(session_id, "c-1")
+            assert stored is not None
+            assert stored.status == JobStatus.CANCELLED
+            assert stored.cancel_source == "agent"
+            assert stored.cancel_reason == "no longer needed"
+            assert stored.delivered_at is not None
+
+    run(scenario)
