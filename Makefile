@@ -31,7 +31,7 @@ help:
 	@echo "make run      start the demo (Redis, Celery worker and beat, Daphne) on http://127.0.0.1:$(PORT)/"
 	@echo "              variables: PORT=$(PORT) REDIS_PORT=$(REDIS_PORT) WORKER_CONCURRENCY=$(WORKER_CONCURRENCY)"
 	@echo "make test     lint, then the test suite (PYTEST_ARGS='...' is passed to pytest)"
-	@echo "make lint     ruff check, ruff format --check, mypy"
+	@echo "make lint     ruff check, ruff format --check, mypy, import-linter (the layout's rules)"
 	@echo "make bench    run the benchmarks (bench/run_all.py)"
 	@echo "make clean    remove caches; make distclean also removes .venv, var/ and the SQLite DB"
 
