@@ -45,10 +45,9 @@ def _refuse_sends_after_disconnect() -> None:
 
     ASGI's WebSocket spec (2.4): a send on a closed connection raises an OSError
     subclass (uvicorn does since 0.27). Daphne 4
-    drops it without a word once the client is gone, so a result sent in the
-    moment between the client's close and our disconnect handler looked delivered
-    and was lost to the agent's resume (found by tests/test_interleavings.py).
-    Raising lets the consumer give the result back.
+    drops it without a word once the client is gone, so a result sent between the
+    client's close and our disconnect handler would look delivered and be lost to
+    the agent's resume. Raising lets the consumer give the result back.
     """
     from daphne.server import Server
 

@@ -2,9 +2,9 @@
 
 Abort flags and the rate limiter talk to Redis from Daphne's event loop. redis-py's
 default asyncio pool refuses a command outright once 100 connections are busy
-(MaxConnectionsError): under a burst of 500 calls the limiter stopped counting and
-an abort flag was lost (bench/load_sessions.py). A BlockingConnectionPool makes a
-command wait for a free connection instead, up to a timeout.
+(MaxConnectionsError), so a burst of calls could skip the limiter or lose an abort
+flag. A BlockingConnectionPool makes a command wait for a free connection instead,
+up to a timeout.
 """
 
 from __future__ import annotations

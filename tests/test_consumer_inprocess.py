@@ -303,7 +303,7 @@ class Seams:
         self.stopped: list[str] = []
 
     def __enter__(self) -> Seams:
-        async def stop_work(job_id: str) -> None:
+        async def raise_flag(job_id: str) -> None:
             self.stopped.append(job_id)
 
         def enqueue(job: Job) -> None:
@@ -319,8 +319,9 @@ class Seams:
         )
         # The abort flag (Redis) and the revoke (the broker).
         self.patches.enter_context(
-            mock.patch("capabilities.calls.cancellation.stop_work_async", stop_work)
+            mock.patch("capabilities.jobs.abort_flags.raise_flag_async", raise_flag)
         )
+        self.patches.enter_context(mock.patch("capabilities.jobs.queue.revoke"))
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from capabilities.access.principal import Principal
-from capabilities.calls import sessions as session_store
+from capabilities.calls import session_records
 from capabilities.jobs import lifecycle as jobs
 from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
@@ -62,7 +62,7 @@ def create_job(principal: Principal, **job: Any) -> Job:
 def open_session(
     principal: Principal, session_id: str, message: Initialize, *, origin: str, resume_token: str
 ) -> None:
-    """`session_store.open_session`, unless the principal has its most sessions open."""
+    """`session_records.open_session`, unless the principal has its most sessions open."""
     held = AgentSession.objects.filter(principal=principal.rate_limit_id, closed_at__isnull=True)
     _refuse_at(
         held.count(),
@@ -70,7 +70,7 @@ def open_session(
         "openSessions",
         "sessions of yours may be open at once; shut one down (or let a dropped one expire) first.",
     )
-    session_store.open_session(
+    session_records.open_session(
         session_id, message, origin=origin, principal=principal, resume_token=resume_token
     )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable
 from datetime import datetime
 
 from django.utils import timezone
@@ -44,15 +45,19 @@ def stop_work(job_id: str) -> None:
     queue.revoke(job_id)
 
 
-async def stop_work_async(job_id: str) -> None:
-    """`stop_work` from an event loop: the flag at once, the revoke off the loop."""
+async def stop_work_async(job_id: str) -> Awaitable[None]:
+    """`stop_work` from an event loop: the flag now; the revoke, off the loop, returned.
+
+    The flag is what stops the work, so it goes up before the caller moves on; the
+    revoke only keeps a queued task from being picked up, and may finish later.
+    """
     try:
         await abort_flags.raise_flag_async(job_id)
     except Exception:
         # The agent has its answer; without the flag the work runs on until the
         # reaper kills it (a cancelled job whose worker has not stopped).
         logger.exception("Could not raise the abort flag of job %s", job_id)
-    await asyncio.get_running_loop().run_in_executor(None, queue.revoke, job_id)
+    return asyncio.get_running_loop().run_in_executor(None, queue.revoke, job_id)
 
 
 def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 
@@ -13,7 +13,7 @@ class Background:
     def __init__(self) -> None:
         self._running: set[asyncio.Future[Any]] = set()
 
-    def run(self, work: Coroutine[Any, Any, Any]) -> None:
+    def run(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
         self._running.add(task)
         task.add_done_callback(self._running.discard)

@@ -130,7 +130,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             case do.StopTimers():
                 self.timers.stop_all()
             case do.StopWork():
-                self.background.run(cancellation.stop_work_async(action.job_id))
+                self.background.run(await cancellation.stop_work_async(action.job_id))
             case do.GiveBack():
                 self.background.run(self.io.give_back(action.job_id))
             case do.Detach():

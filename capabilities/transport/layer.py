@@ -1,7 +1,8 @@
 """Channel-layer calls from consumers, retried once on a dead pooled Redis connection.
 
-Without the retry (redis_pool.twice), a consumer's first group call after a Redis
-restart raised, and Daphne closed that socket with 1011.
+After a Redis restart the first call on each pooled connection fails; without the
+retry (redis_pool.twice) that would raise in the consumer, and Daphne would close
+the socket with 1011.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, cancellation, resumption, sessions, start
+from capabilities.calls import budgets, cancellation, resumption, session_records, start
 from capabilities.jobs import lifecycle
 from capabilities.models import CancelSource, Job
 from capabilities.session import machine
@@ -111,19 +111,19 @@ class SessionIO:
         losers: dict[str, dict[str, Any] | None] = {}
         if action.read_losers:
             for job_id in (job_id for job_id, ok in won.items() if not ok):
-                losers[job_id] = await database_sync_to_async(sessions.settled_response)(
+                losers[job_id] = await database_sync_to_async(session_records.settled_response)(
                     job_id, self.base_url
                 )
         return self.session.cancels_settled(action, won, losers)
 
     async def claim_result(self, action: ClaimResult) -> list[Action]:
         """Claim the sending of a settled call's result."""
-        claimed = await database_sync_to_async(sessions.claim_response)(
+        claimed = await database_sync_to_async(session_records.claim_response)(
             action.job_id, self.base_url, action.response
         )
-        if claimed is sessions.NotClaimed.STILL_ACTIVE:
+        if claimed is session_records.NotClaimed.STILL_ACTIVE:
             return self.session.result_claimed(action, machine.STILL_ACTIVE)
-        if claimed is sessions.NotClaimed.DELIVERED_ELSEWHERE:
+        if claimed is session_records.NotClaimed.DELIVERED_ELSEWHERE:
             return self.session.result_claimed(action, machine.DELIVERED_ELSEWHERE)
         assert isinstance(claimed, dict)
         return self.session.result_claimed(action, claimed)
@@ -134,17 +134,21 @@ class SessionIO:
             job = await database_sync_to_async(lifecycle.find_call)(self.session_id, action.call_id)
         else:
             assert action.job_id is not None
-            job = await database_sync_to_async(sessions.find_job)(self.session_id, action.job_id)
+            job = await database_sync_to_async(session_records.find_job)(
+                self.session_id, action.job_id
+            )
         return self.session.found(action, record_of(job) if job is not None else None)
 
     async def find_unanswered(self, action: FindUnanswered) -> list[Action]:
         """Every unanswered call of the session."""
-        pending = await database_sync_to_async(sessions.undelivered_jobs)(self.session_id)
+        pending = await database_sync_to_async(session_records.undelivered_jobs)(self.session_id)
         return self.session.unanswered(action.then, [record_of(job) for job in pending])
 
     async def end_session(self, action: EndSession) -> list[Action]:
         """Record that the session ended."""
-        await database_sync_to_async(sessions.close_session)(action.session_id, action.reason)
+        await database_sync_to_async(session_records.close_session)(
+            action.session_id, action.reason
+        )
         return []
 
     async def give_back(self, job_id: str) -> None:

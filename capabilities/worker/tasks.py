@@ -70,9 +70,9 @@ def _prepare_runners(**_: Any) -> None:
     for spec in registry.all_specs():
         spec.prepare()
     # Everything loaded so far lives as long as the process: keep it out of the
-    # garbage collector's full passes. Those scanned it all and held the GIL for
-    # 65-110 ms in the middle of renders, delaying cancels (5-25 ms once frozen);
-    # forked children also stop copying those pages by touching them.
+    # garbage collector's full passes, which would scan it all and hold the GIL in
+    # the middle of renders, delaying cancels (docs/benchmarks.md); forked children
+    # also stop copying those pages by touching them.
     gc.collect()
     gc.freeze()
 
