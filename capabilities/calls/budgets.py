@@ -14,7 +14,7 @@ from typing import Any
 
 from capabilities.access.principal import Principal
 from capabilities.calls import session_records
-from capabilities.jobs import lifecycle as jobs
+from capabilities.jobs import lifecycle
 from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
 
@@ -56,7 +56,7 @@ def create_job(principal: Principal, **job: Any) -> Job:
         "calls of yours may be in flight at once, across all your sessions; wait for one "
         "to finish.",
     )
-    return jobs.create_job(principal=principal.rate_limit_id, **job)
+    return lifecycle.create_job(principal=principal.rate_limit_id, **job)
 
 
 def open_session(

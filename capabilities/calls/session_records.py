@@ -10,8 +10,7 @@ from django.utils import timezone
 
 from capabilities.access.principal import Principal
 from capabilities.calls import resumption
-from capabilities.jobs import lifecycle as jobs
-from capabilities.jobs import results
+from capabilities.jobs import lifecycle, results
 from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
 from capabilities.protocol import Initialize
 
@@ -84,7 +83,7 @@ def claim_response(
     already claimed (by another connection of the session, or an earlier note).
     `response`, when the worker's note carried it, saves reading the job.
     """
-    if not jobs.claim_delivery(job_id):
+    if not lifecycle.claim_delivery(job_id):
         still_active = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).exists()
         return NotClaimed.STILL_ACTIVE if still_active else NotClaimed.DELIVERED_ELSEWHERE
     if response is not None:

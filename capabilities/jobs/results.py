@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
-from capabilities.jobs import download_links as downloads
+from capabilities.jobs import download_links
 from capabilities.jobs.lifecycle import Outcome
 from capabilities.models import Job, JobStatus
 from capabilities.protocol import WireError, responses
@@ -106,7 +106,7 @@ def _is_file_ref(value: Any) -> bool:
 
 def _binary(job: Job, ref: dict[str, Any], base_url: str) -> dict[str, Any]:
     if ref["size"] > settings.ABP["INLINE_RESULT_MAX_BYTES"]:
-        return downloads.reference(job, ref, base_url=base_url)
+        return download_links.reference(job, ref, base_url=base_url)
     with default_storage.open(ref[FILE_REF_KEY], "rb") as handle:
         content = handle.read()
     return {

@@ -2,7 +2,7 @@
 
 An explicit allow-list of full origins (ABP_ALLOWED_ORIGINS), not the ALLOWED_HOSTS
 shortcut: a page on another site can never open a socket from a victim's browser.
-Who the client is (key, page token) is checked by the consumer (capabilities/ws_auth).
+Who the client is (key, page token) is checked by the consumer (capabilities/access/credentials.py).
 """
 
 from __future__ import annotations

@@ -16,14 +16,13 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from capabilities.jobs import abort_flags, inputs, notes, results
-from capabilities.jobs import lifecycle as jobs
+from capabilities.jobs import abort_flags, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
 from capabilities.work.context import CapabilityError, JobAborted
-from capabilities.worker import interrupter as aborts
 from capabilities.worker import memory_limit
+from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ WORKER_FIELDS = (
 class WorkerContext:
     """The JobContext runners get in a worker."""
 
-    def __init__(self, job: Job, interrupter: aborts.Interrupter) -> None:
+    def __init__(self, job: Job, interrupter: Interrupter) -> None:
         self._job = job
         self._interrupter = interrupter
         self._session_id = str(job.session_id)
@@ -91,7 +90,7 @@ class WorkerContext:
 
 def execute(job_id: str, *, worker_name: str) -> None:
     """Run a job if it is still queued; settle it unless a cancel got there first."""
-    interrupter = aborts.INTERRUPTER
+    interrupter = INTERRUPTER
     # Register before looking at the flag: a cancel after this point is heard by
     # the watcher, one before it is seen in the flag.
     interrupter.begin(job_id)
@@ -101,11 +100,11 @@ def execute(job_id: str, *, worker_name: str) -> None:
         interrupter.end()
 
 
-def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> None:
+def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
     if abort_flags.is_raised(job_id):
         logger.info("Job %s was cancelled before it started; skipped", job_id)
         return
-    if not jobs.mark_running(job_id, worker_name):
+    if not lifecycle.mark_running(job_id, worker_name):
         logger.info("Job %s is no longer queued; skipped", job_id)
         return
     job = Job.objects.only(*WORKER_FIELDS).get(pk=job_id)
@@ -117,26 +116,26 @@ def _execute(job_id: str, worker_name: str, interrupter: aborts.Interrupter) -> 
         outcome = _run(job, context, interrupter)
     except JobAborted:
         # Raised at a checkpoint or into the thread: the cancel already settled it.
-        jobs.record_stopped(job_id)
+        lifecycle.record_stopped(job_id)
         context.discard_files()
         logger.info("Job %s stopped on cancel", job_id)
         return
     except SoftTimeLimitExceeded:
-        outcome = jobs.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
+        outcome = lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
     finally:
         inputs.discard(job_id, job.spilled)
-    if jobs.settle(job_id, outcome, work_stopped=True):
+    if lifecycle.settle(job_id, outcome, work_stopped=True):
         response = results.inline_response(job, outcome)
         notes.notify(session_id, notes.job_settled(job.call_id, response))
     else:
-        jobs.record_stopped(job_id)
+        lifecycle.record_stopped(job_id)
         context.discard_files()
 
 
-def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> jobs.Outcome:
+def _run(job: Job, context: WorkerContext, interrupter: Interrupter) -> lifecycle.Outcome:
     spec = registry.get(job.capability)
     if spec is None:  # the registry changed under a queued job
-        return jobs.Outcome.failed(
+        return lifecycle.Outcome.failed(
             WireError(code=ErrorCode.UNKNOWN_CAPABILITY, message="Capability no longer exists.")
         )
     runner = spec.load_runner()
@@ -144,7 +143,7 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
     try:
         data = interrupter.run(lambda: runner(params, context))
     except CapabilityError as exc:
-        return jobs.Outcome.failed(
+        return lifecycle.Outcome.failed(
             WireError(
                 code=exc.code, message=exc.message, details=exc.details, retryable=exc.retryable
             )
@@ -157,10 +156,10 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
         traceback.clear_frames(exc.__traceback__)
         memory_limit.mark_exhausted()
         logger.warning("Job %s ran out of memory (limit %s MiB)", job.id, memory_limit.limit_mb())
-        return jobs.Outcome.failed(memory_limit.error(), traceback=traceback.format_exc())
+        return lifecycle.Outcome.failed(memory_limit.error(), traceback=traceback.format_exc())
     except Exception:
         logger.exception("Job %s crashed", job.id)
-        return jobs.Outcome.failed(
+        return lifecycle.Outcome.failed(
             WireError(
                 code=ErrorCode.OPERATION_FAILED,
                 message="The operation failed; the error was recorded.",
@@ -169,4 +168,4 @@ def _run(job: Job, context: WorkerContext, interrupter: aborts.Interrupter) -> j
         )
     # A cancel that landed after the runner returned is honoured by settle(), which
     # it lost to; the flag only matters for work still to do.
-    return jobs.Outcome.succeeded(data)
+    return lifecycle.Outcome.succeeded(data)

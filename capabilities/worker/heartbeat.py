@@ -15,7 +15,7 @@ import time
 from django.conf import settings
 from django.db import connection
 
-from capabilities.jobs import lifecycle as jobs
+from capabilities.jobs import lifecycle
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class Heartbeat(threading.Thread):
                 if job_id is None:
                     continue
                 try:
-                    jobs.heartbeat(job_id)
+                    lifecycle.heartbeat(job_id)
                 except Exception:
                     logger.warning("Heartbeat of job %s not written", job_id, exc_info=True)
         finally:

@@ -14,12 +14,9 @@ from celery import shared_task
 from celery.signals import task_failure, task_revoked, worker_init, worker_process_init
 
 from capabilities.calls import cancellation, reaper
-from capabilities.jobs import lifecycle as jobs
-from capabilities.jobs import queue, retention
+from capabilities.jobs import lifecycle, queue, retention
 from capabilities.work import registry
-from capabilities.worker import executor as worker
-from capabilities.worker import heartbeat, memory_limit
-from capabilities.worker import interrupter as aborts
+from capabilities.worker import executor, heartbeat, interrupter, memory_limit
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +27,7 @@ SWITCH_INTERVAL_SECONDS = 0.0005
 def run_job(self: Any, job_id: str) -> None:
     """Run one job (the task id is the job id)."""
     try:
-        worker.execute(job_id, worker_name=f"{self.request.hostname}:{os.getpid()}")
+        executor.execute(job_id, worker_name=f"{self.request.hostname}:{os.getpid()}")
     except MemoryError:
         # Out of memory outside the runner (a MemoryError reaching Celery's main
         # process is raised again there): the job is answered WORKER_LOST below.
@@ -85,7 +82,7 @@ def _prepare_child(**_: Any) -> None:
     # Each child listens for aborts of the job it runs. The watcher must get the
     # GIL from a busy render quickly: Python's default hand-over waits 5 ms.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    aborts.start_watcher()
+    interrupter.start_watcher()
     heartbeat.start()
 
 
@@ -109,7 +106,7 @@ def _on_revoked(
         return
     job_id = str(request.id)
     if terminated:
-        jobs.record_stopped(job_id, hard_killed=True)
+        lifecycle.record_stopped(job_id, hard_killed=True)
         logger.warning("Job %s hard-killed after ignoring its cancel", job_id)
     elif expired:
         reaper.end_overdue(job_id)
