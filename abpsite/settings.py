@@ -49,6 +49,12 @@ def _env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def _env_map(name: str) -> dict[str, str]:
+    """`key=value,key=value` from the environment."""
+    pairs = (item.partition("=") for item in _env_list(name))
+    return {key.strip(): value.strip() for key, _, value in pairs if key.strip() and value.strip()}
+
+
 # "production" (the default: every security default on, unsafe values refused at
 # start) or "development" (`make run`: DEBUG, anonymous agents, a built-in key).
 ENVIRONMENT = os.environ.get("DJANGO_ENV", "production").strip().lower()
@@ -234,6 +240,16 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+# One Celery queue per cost class, each with workers of its own, so a small call never
+# waits behind a long render (capabilities/jobs/queue.py; docs/operating.md#queues).
+SMALL_QUEUE = os.environ.get("ABP_SMALL_QUEUE", "abp.small")
+HEAVY_QUEUE = os.environ.get("ABP_HEAVY_QUEUE", "abp.heavy")
+CELERY_TASK_DEFAULT_QUEUE = HEAVY_QUEUE
+# Housekeeping is small work: the reaper must not wait behind renders.
+CELERY_TASK_ROUTES = {
+    "abp.reap": {"queue": SMALL_QUEUE},
+    "abp.clean_up": {"queue": SMALL_QUEUE},
+}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -377,6 +393,10 @@ ABP: dict[str, Any] = {
     "PAGE_TOKEN_MAX_PARAMS_BYTES": _env_int("ABP_PAGE_TOKEN_MAX_PARAMS_BYTES", 1024 * 1024),
     "PAGE_TOKEN_MAX_TIMEOUT_MS": _env_int("ABP_PAGE_TOKEN_MAX_TIMEOUT_MS", 2 * 60 * 1000),
     "PAGE_TOKEN_CAPABILITIES": _env_list("ABP_PAGE_TOKEN_CAPABILITIES"),
+    # The queue of each cost class, and capabilities moved to another queue
+    # (`ABP_CAPABILITY_QUEUES=export.pdf=abp.pdf,...`).
+    "QUEUES": {"small": SMALL_QUEUE, "heavy": HEAVY_QUEUE},
+    "CAPABILITY_QUEUES": _env_map("ABP_CAPABILITY_QUEUES"),
     # Dotted paths of extra CapabilitySpec objects (test settings add a test-only one).
     "EXTRA_CAPABILITIES": [],
 }

@@ -1,5 +1,8 @@
 """Queue and revoke job tasks by name: the job side never loads the worker's code.
 
+Each job goes to its capability's queue: the queue of its cost class (small or
+heavy, settings.ABP["QUEUES"]) unless ABP_CAPABILITY_QUEUES moves it elsewhere.
+
 Celery's `send_task` and `control.revoke` need only the task's name and the broker,
 so Daphne and the admin enqueue without importing the tasks (and with them
 WeasyPrint and Pillow). The worker registers its tasks under these names.
@@ -14,6 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from capabilities.models import Job
+from capabilities.work import registry
 
 RUN_JOB = "abp.run_job"
 
@@ -27,6 +31,7 @@ def enqueue(job: Job) -> None:
         RUN_JOB,
         args=(str(job.id),),
         task_id=str(job.id),
+        queue=queue_for(job.capability),
         # Backstops behind the session's timer and the reaper: a queued task past its
         # deadline is dropped by the worker, a running one gets the soft limit raised.
         expires=job.deadline,
@@ -34,6 +39,16 @@ def enqueue(job: Job) -> None:
         soft_time_limit=math.ceil(remaining),
         time_limit=math.ceil(remaining + grace),
     )
+
+
+def queue_for(capability: str) -> str:
+    """The queue a capability's jobs go to: its own setting, else its cost class's."""
+    abp = settings.ABP
+    moved: str | None = abp["CAPABILITY_QUEUES"].get(capability)
+    if moved:
+        return moved
+    spec = registry.get(capability)
+    return str(abp["QUEUES"][spec.cost if spec is not None else "heavy"])
 
 
 def revoke(job_id: str, *, kill: bool = False) -> None:

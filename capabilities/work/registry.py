@@ -15,7 +15,7 @@ import functools
 import json
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from django.conf import settings
 from django.utils.module_loading import import_string
@@ -130,6 +130,8 @@ class CapabilitySpec:
     # Unset: settings.ABP's DEFAULT_TIMEOUT_MS / MAX_TIMEOUT_MS, which also cap these.
     default_timeout_ms: int | None = None
     max_timeout_ms: int | None = None
+    # Which queue class runs it: "small" (milliseconds, little memory) or "heavy".
+    cost: Literal["small", "heavy"] = "heavy"
 
     def describe(self) -> dict[str, Any]:
         """The manifest entry."""

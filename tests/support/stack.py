@@ -133,6 +133,7 @@ class Stack:
             run_dir,
         )  # fmt: skip
         self.worker = self._new_worker()
+        self.small_worker = self._new_worker("abp.small", concurrency=1)
         self.beat = ManagedProcess(
             "beat",
             python_tool(
@@ -167,12 +168,13 @@ class Stack:
             env,
         )
 
-    def _new_worker(self) -> ManagedProcess:
+    def _new_worker(self, queue: str = "abp.heavy", concurrency: int = 2) -> ManagedProcess:
+        name = "worker" if queue == "abp.heavy" else f"worker-{queue}"
         return ManagedProcess(
-            "worker",
+            name,
             python_tool(
-                "celery", "-A", "abpsite", "worker", "-P", "prefork", "-c", "2",
-                "-l", "info", "-n", f"test-{os.getpid()}@%h",
+                "celery", "-A", "abpsite", "worker", "-Q", queue, "-P", "prefork",
+                "-c", str(concurrency), "-l", "info", "-n", f"{name}-{os.getpid()}@%h",
                 "--without-gossip", "--without-mingle",
             ),
             self.run_dir,
@@ -202,6 +204,8 @@ class Stack:
     def start(self) -> None:
         """Start everything, Redis first."""
         self.redis.start(lambda: port_open(self.redis_port))
+        # The small queue's worker (markdown, the reaper), as `make run` starts it.
+        self.small_worker.start(lambda: " ready." in self.small_worker.log_text())
         self.start_worker()
         self.beat.start(lambda: "beat: Starting" in self.beat.log_text())
         self.web.start(lambda: port_open(self.web_port))
@@ -220,7 +224,7 @@ class Stack:
 
     def stop(self) -> None:
         """Stop everything, Redis last."""
-        for process in (self.web, self.beat, self.worker):
+        for process in (self.web, self.beat, self.worker, self.small_worker):
             process.stop()
         self.redis.stop()
 

@@ -65,4 +65,5 @@ SPEC = CapabilitySpec(
     size_limits=(SizeLimit(path=("markdown",), setting="MAX_MARKDOWN_BYTES"),),
     default_timeout_ms=30 * 1000,
     max_timeout_ms=2 * 60 * 1000,
+    cost="small",
 )
