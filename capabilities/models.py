@@ -10,6 +10,8 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
+from capabilities.protocol.responses import CANCEL_SOURCE_LABELS
+
 
 class JobStatus(models.TextChoices):
     """Where a job is in its life. Only QUEUED and RUNNING can still change."""
@@ -33,15 +35,15 @@ SETTLED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 class CancelSource(models.TextChoices):
     """Who or what cancelled a job."""
 
-    AGENT = "agent", "Agent"
+    AGENT = "agent", CANCEL_SOURCE_LABELS["agent"]
     """The agent sent capabilities/cancel."""
-    TIMEOUT = "timeout", "Timeout"
+    TIMEOUT = "timeout", CANCEL_SOURCE_LABELS["timeout"]
     """options.timeout ran out."""
-    SHUTDOWN = "shutdown", "Shutdown"
+    SHUTDOWN = "shutdown", CANCEL_SOURCE_LABELS["shutdown"]
     """The agent sent shutdown with the call in flight."""
-    DISCONNECT = "disconnect", "Disconnect"
+    DISCONNECT = "disconnect", CANCEL_SOURCE_LABELS["disconnect"]
     """The agent's connection dropped with the call in flight."""
-    OPERATOR = "operator", "Operator"
+    OPERATOR = "operator", CANCEL_SOURCE_LABELS["operator"]
     """An operator cancelled it in the admin."""
 
 

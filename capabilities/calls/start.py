@@ -18,7 +18,7 @@ from capabilities.access.principal import Principal
 from capabilities.calls import budgets
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
-from capabilities.protocol import ErrorCode, WireError
+from capabilities.protocol import ErrorCode, WireError, responses
 from capabilities.work import registry
 
 logger = logging.getLogger(__name__)
@@ -117,11 +117,5 @@ async def over_rate_limit(principal: Principal) -> WireError | None:
 def _spec(capability: str) -> registry.CapabilitySpec:
     spec = registry.get(capability)
     if spec is None:
-        raise CallRefused(
-            WireError(
-                code=ErrorCode.UNKNOWN_CAPABILITY,
-                message=f"No capability named {capability[:100]!r}.",
-                details={"capability": capability[:100]},
-            )
-        )
+        raise CallRefused(responses.unknown_capability(capability))
     return spec

@@ -6,7 +6,8 @@ from typing import Any
 
 from capabilities.protocol.errors import ErrorCode, WireError
 
-# Who or what cancelled a call, as recorded on its job, and how the error names it.
+# Who or what cancelled a call, and how the error (and the admin: models.CancelSource)
+# names it.
 CANCEL_SOURCE_LABELS = {
     "agent": "Agent",
     "timeout": "Timeout",
@@ -40,6 +41,15 @@ def failed(
     if cancelled:
         response["cancelled"] = True
     return response
+
+
+def unknown_capability(name: str) -> WireError:
+    """UNKNOWN_CAPABILITY for a call of a capability nobody registered."""
+    return WireError(
+        code=ErrorCode.UNKNOWN_CAPABILITY,
+        message=f"No capability named {name[:100]!r}.",
+        details={"capability": name[:100]},
+    )
 
 
 def cancelled_error(source: str) -> WireError:

@@ -359,11 +359,7 @@ class Session:
                 details={"path": "payload.options.callId"},
             )
         if message.capability not in self._capability_names():
-            return WireError(
-                code=ErrorCode.UNKNOWN_CAPABILITY,
-                message=f"No capability named {message.capability[:100]!r}.",
-                details={"capability": message.capability[:100]},
-            )
+            return responses.unknown_capability(message.capability)
         limit = self.limits.max_timeout_ms
         max_timeout_ms = None if limit is None else limit(message.capability)
         if max_timeout_ms is not None and (message.options.timeout_ms or 0) > max_timeout_ms:
@@ -572,26 +568,18 @@ class Session:
     def found(self, action: LookUp, call: CallRecord | None) -> list[Action]:
         """A lookup's answer: adopt the call if it is unanswered, then carry on."""
         then: Then = action.then
-        adoptable = (
-            self.state is ConnectionState.OPEN
-            and call is not None
-            and not call.delivered
-            and call.call_id not in self._calls
-        )
-        if adoptable:
+        actions: list[Action] = []
+        held = self._calls.get(call.call_id) if call is not None else None
+        unanswered = call is not None and held is None and not call.delivered
+        if unanswered and self.state is ConnectionState.OPEN:
             assert call is not None
-            adopted = self._adopt(call)
-            if isinstance(then, DeliverFound):
-                return [*adopted, *self._deliver(call.call_id, then.response)]
+            actions = self._adopt(call)
             held = self._calls[call.call_id]
-            return [*adopted, self._settle_agent_cancel(held, then.request_id, then.reason)]
         if isinstance(then, DeliverFound):
-            if call is not None and call.call_id in self._calls:
-                return self._deliver(call.call_id, then.response)  # held here already
-            return []  # answered already, or not this connection's
-        held_call = self._calls.get(call.call_id) if call is not None else None
-        if held_call is not None:
-            return [self._settle_agent_cancel(held_call, then.request_id, then.reason)]
+            # Not held: answered already, or not this connection's.
+            return [*actions, *self._deliver(held.call_id, then.response)] if held else []
+        if held is not None:
+            return [*actions, self._settle_agent_cancel(held, then.request_id, then.reason)]
         if call is None:
             cancelled, reason = False, replies.NOT_FOUND
         elif call.status == "cancelled":
