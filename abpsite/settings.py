@@ -307,9 +307,32 @@ ABP: dict[str, Any] = {
     # The app's pages get a signed token for their WebSocket, valid this long for
     # opening connections (an open connection stays open).
     "PAGE_TOKEN_MAX_AGE_SECONDS": _env_int("ABP_PAGE_TOKEN_MAX_AGE_SECONDS", 600),
-    # Calls in flight at once in one session; more are refused with RATE_LIMITED.
-    # An agent key may set its own.
+    # Jobs of one agent key (or client address) running at once: its share of the
+    # workers. More wait in the database, queued, and start as its jobs end; other
+    # agents' jobs go first while it holds more slots than they do
+    # (capabilities/jobs/dispatch.py). An agent key may set its own.
     "MAX_CONCURRENT_CALLS": _env_int("ABP_MAX_CONCURRENT_CALLS", 16),
+    # Calls queued or running at once in one session; more are refused with
+    # RATE_LIMITED and retryAfter (QUEUE_FULL_RETRY_AFTER_MS). An agent key may set its own.
+    "MAX_QUEUED_CALLS": _env_int("ABP_MAX_QUEUED_CALLS", 1000),
+    "QUEUE_FULL_RETRY_AFTER_MS": _env_int("ABP_QUEUE_FULL_RETRY_AFTER_MS", 1000),
+    # Queued jobs that hear their new place in line each time their agent's line
+    # moves (progress, stage "queued"); the rest heard it when they were accepted.
+    "QUEUE_POSITION_UPDATES": _env_int("ABP_QUEUE_POSITION_UPDATES", 20),
+    # A job handed to Celery but not started after this long is handed over again
+    # (its message was lost with a worker); starting is conditional, so it runs once.
+    "REDISPATCH_AFTER_SECONDS": _env_float("ABP_REDISPATCH_AFTER_SECONDS", 30.0),
+    # Live workers: each announces itself this often, in a key that expires after
+    # WORKER_TTL_SECONDS (capabilities/jobs/workers.py). A capability whose queue no
+    # live worker consumes is unavailable: new calls get CAPABILITY_UNAVAILABLE.
+    "WORKER_KEY_PREFIX": os.environ.get("ABP_WORKER_KEY_PREFIX", "abp:worker:"),
+    "WORKER_ANNOUNCE_SECONDS": _env_float("ABP_WORKER_ANNOUNCE_SECONDS", 2.0),
+    "WORKER_TTL_SECONDS": _env_float("ABP_WORKER_TTL_SECONDS", 6.0),
+    # How stale each process's view of live workers may be, and how often each
+    # Daphne looks for a change to tell connected sessions about.
+    "AVAILABILITY_POLL_SECONDS": _env_float("ABP_AVAILABILITY_POLL_SECONDS", 1.0),
+    # retryAfter of CAPABILITY_UNAVAILABLE.
+    "UNAVAILABLE_RETRY_AFTER_MS": _env_int("ABP_UNAVAILABLE_RETRY_AFTER_MS", 5000),
     # Calls per minute (sliding window) per agent key, or per client address for
     # page tokens and anonymous clients; more are refused with RATE_LIMITED and
     # retryAfter. An agent key may set its own.
@@ -381,12 +404,13 @@ ABP: dict[str, Any] = {
     # X-Forwarded-Proto are believed; the client address is the nearest one they name
     # that is not itself a trusted proxy. Empty: the headers are ignored.
     "TRUSTED_PROXIES": _env_list("ABP_TRUSTED_PROXIES"),
-    # Calls in flight at once per agent key (or per client address for page tokens
-    # and anonymous clients), across all its sessions; and open sessions per same.
-    "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": _env_int("ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL", 32),
+    # Calls queued or running at once per agent key (or per client address for page
+    # tokens and anonymous clients), across all its sessions (at least its own
+    # per-session bound); and open sessions per same.
+    "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": _env_int("ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL", 2000),
     "MAX_OPEN_SESSIONS_PER_PRINCIPAL": _env_int("ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL", 16),
     # Page tokens are handed to anyone who loads a page, so they get a smaller budget:
-    # calls in flight per client address, calls per minute, the largest call (bytes
+    # calls queued or running per client address, calls per minute, the largest call (bytes
     # of its JSON params), the longest timeout, and which capabilities (empty: all).
     "PAGE_TOKEN_MAX_CONCURRENT_CALLS": _env_int("ABP_PAGE_TOKEN_MAX_CONCURRENT_CALLS", 4),
     "PAGE_TOKEN_CALLS_PER_MINUTE": _env_int("ABP_PAGE_TOKEN_CALLS_PER_MINUTE", 30),

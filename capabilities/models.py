@@ -17,7 +17,8 @@ class JobStatus(models.TextChoices):
     """Where a job is in its life. Only QUEUED and RUNNING can still change."""
 
     QUEUED = "queued", "Queued"
-    """Created and enqueued; no worker has started it."""
+    """Created; waiting for its agent's share of a worker (`dispatched_at` null), or
+    handed to Celery and not started yet."""
     RUNNING = "running", "Running"
     """A worker marked it started and is doing the work."""
     SUCCEEDED = "succeeded", "Succeeded"
@@ -63,7 +64,15 @@ class AgentKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     max_concurrent_calls = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Calls in flight per session; empty: the default."
+        null=True,
+        blank=True,
+        help_text="Jobs of this key running at once (its share of the workers); "
+        "empty: the default.",
+    )
+    max_queued_calls = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Calls queued or running in one session; empty: the default.",
     )
     calls_per_minute = models.PositiveIntegerField(
         null=True, blank=True, help_text="Calls per minute for this key; empty: the default."
@@ -145,6 +154,13 @@ class Job(models.Model):
     spilled = models.JSONField(default=dict, blank=True)
     # Copied from the session: calls in flight per principal are counted on it.
     principal = models.CharField(max_length=120, blank=True)
+    # The Celery queue the job runs from, and the principal's share of the workers
+    # (jobs running at once) when it was created: the dispatcher reads both.
+    queue = models.CharField(max_length=100, blank=True)
+    max_running = models.PositiveIntegerField(default=0)
+    # When it was handed to Celery; null while it waits in the database for a
+    # free worker slot within its principal's share (capabilities/jobs/dispatch.py).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     progress_token = models.JSONField(null=True, blank=True)
     # The agent asked for notifications: the worker announces the start.
     notify_started = models.BooleanField(default=False)
@@ -198,6 +214,11 @@ class Job(models.Model):
             models.Index(fields=("delivered_at", "settled_at"), name="job_undelivered_idx"),
             # Calls in flight per principal (MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL).
             models.Index(fields=("principal", "status"), name="job_principal_status_idx"),
+            # The dispatcher: jobs waiting for a slot on a queue, oldest first.
+            models.Index(
+                fields=("status", "queue", "dispatched_at", "created_at"),
+                name="job_dispatch_idx",
+            ),
         )
 
     def __str__(self) -> str:

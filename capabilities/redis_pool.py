@@ -1,4 +1,4 @@
-"""The consumer side's Redis connections: one bounded, waiting pool per event loop.
+"""Redis connections: one bounded, waiting pool per event loop, one client per process.
 
 Abort flags and the rate limiter talk to Redis from Daphne's event loop. redis-py's
 default asyncio pool refuses a command outright once 100 connections are busy
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import cache
 from typing import TypeVar
 
 import redis
@@ -53,3 +54,9 @@ async def twice(command: Callable[[], Awaitable[T]]) -> T:
         return await command()
     except redis.ConnectionError:
         return await command()
+
+
+@cache
+def sync_client() -> redis.Redis:
+    """The process's blocking client (redis-py's pool notices a fork and reconnects)."""
+    return redis.Redis.from_url(settings.REDIS_URL)

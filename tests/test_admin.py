@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
+from tests.support.admin_clients import client_for
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running
 from tests.support.waiting import eventually
@@ -24,18 +25,6 @@ from tests.support.waiting import eventually
 pytestmark = pytest.mark.usefixtures("database")
 
 CHANGELIST = reverse("admin:capabilities_job_changelist")
-
-
-def client_for(*, staff: bool) -> Client:
-    users = get_user_model()
-    name = f"user-{uuid.uuid4().hex[:8]}"
-    if staff:
-        user = users.objects.create_superuser(username=name, email="", password="x")
-    else:
-        user = users.objects.create_user(username=name, password="x")
-    client = Client(HTTP_HOST="127.0.0.1")
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from django.urls import reverse
 
 from capabilities.access import agent_keys
 from capabilities.models import AgentKey, AgentSession
+from tests.support.admin_clients import client_for
 from tests.support.agent import Agent
 from tests.support.stack import Stack
-from tests.test_admin import client_for
 
 pytestmark = pytest.mark.usefixtures("database")
 

@@ -105,23 +105,6 @@ def test_cancel_queued_call_never_starts_it(stack: Stack, agent: Agent) -> None:
     assert job.stopped_at is not None
 
 
-def test_cancel_sent_while_no_worker_runs_is_not_lost(stack: Stack, agent: Agent) -> None:
-    stack.worker.stop()
-    try:
-        call = agent.call("test.sleep", {"steps": 1, "stepMs": 1}, call_id="no-worker")
-        cancel = agent.cancel("no-worker")
-        assert agent.reply_to(cancel, "capabilities/cancel-result")["payload"]["cancelled"] is True
-        assert agent.result_of(call)["payload"]["cancelled"] is True
-    finally:
-        # The revoke went to no one; the task is still in the queue when this worker comes.
-        stack.start_worker()
-    marker = agent.call("test.sleep", {"steps": 1, "stepMs": 1}, call_id="after-restart")
-    assert agent.result_of(marker, timeout=30)["payload"]["success"] is True
-    job = job_of(agent, "no-worker")
-    assert job.started_at is None
-    assert "cancelled before it started" in stack.worker.log_text()
-
-
 def test_cancel_after_completion_changes_nothing(agent: Agent) -> None:
     call = agent.call("test.sleep", {"steps": 1, "stepMs": 1, "echo": 7}, call_id="done")
     assert agent.result_of(call)["payload"]["data"]["echo"] == 7

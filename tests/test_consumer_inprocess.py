@@ -25,7 +25,8 @@ from django.conf import settings
 from django.test import override_settings
 
 from capabilities.access import agent_keys
-from capabilities.jobs import lifecycle, notes
+from capabilities.calls import availability
+from capabilities.jobs import lifecycle, notes, workers
 from capabilities.models import AgentSession, Job, JobStatus, session_group
 from capabilities.protocol import replies
 from capabilities.transport.consumer import ABPConsumer
@@ -45,6 +46,22 @@ def key(database: None) -> str:
 def in_memory_layer() -> Iterator[None]:
     # A fresh layer per test: its queues belong to the event loop that first used them.
     with override_settings(CHANNEL_LAYERS=IN_MEMORY):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def one_live_worker() -> Iterator[None]:
+    """Live workers are read from Redis: here, one worker on every queue, always."""
+    queues = tuple(settings.ABP["QUEUES"].values())
+    worker = workers.LiveWorker(
+        hostname="test@inprocess", queues=queues, concurrency=4, jobs=(), pid=0, announced_at=0
+    )
+    with (
+        mock.patch("capabilities.jobs.workers.live_workers", return_value=[worker]),
+        mock.patch("capabilities.jobs.workers._seen", None),
+        mock.patch("capabilities.calls.availability.announce_if_changed"),
+    ):
+        availability.refresh()
         yield
 
 

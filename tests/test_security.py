@@ -295,15 +295,17 @@ def test_rate_limit_is_per_key_across_connections(stack: Stack) -> None:
             assert payload["success"] is expected
 
 
-def test_too_many_concurrent_calls_are_refused(stack: Stack) -> None:
-    with Agent(stack.ws_url, key=new_key(max_concurrent_calls=2)) as agent:
+def test_calls_beyond_the_session_queue_are_refused(stack: Stack) -> None:
+    with Agent(stack.ws_url, key=new_key(max_queued_calls=2)) as agent:
         agent.initialize()
         agent.call("test.sleep", {"steps": 500}, call_id="one")
         agent.call("test.sleep", {"steps": 500}, call_id="two")
         third = agent.result_of(agent.call("test.sleep", {"steps": 1}, call_id="three"))
         error = third["payload"]["error"]
         assert error["code"] == "RATE_LIMITED"
-        assert error["details"] == {"limit": "concurrentCalls", "max": 2}
+        assert error["retryAfter"] > 0
+        assert "queued or running in one session" in error["message"]
+        assert error["details"] == {"limit": "queuedCalls", "max": 2}
         assert not Job.objects.filter(session_id=agent.session_id, call_id="three").exists()
         # A slot frees when a call is answered.
         agent.reply_to(agent.cancel("one"), "capabilities/cancel-result")

@@ -624,13 +624,13 @@ def test_an_answered_call_id_goes_to_the_call_service_again() -> None:
 
 
 def test_calls_beyond_the_concurrency_limit_are_rate_limited() -> None:
-    session = open_session(limits=Limits(max_concurrent_calls=2))
+    session = open_session(limits=Limits(max_queued_calls=2))
     for n in (1, 2):
         start(session, f"c{n}", job_id=f"j{n}", request_id=f"r{n}")
     error = sent(session.receive(call("c3", message_id="r3")))["payload"]["error"]
     assert error["code"] == "RATE_LIMITED"
     assert error["retryable"] is True
-    assert error["details"] == {"limit": "concurrentCalls", "max": 2}
+    assert error["details"] == {"limit": "queuedCalls", "max": 2}
     [claim] = session.job_settled("c1", None)
     assert isinstance(claim, ClaimResult)
     session.result_claimed(claim, succeeded("c1"))
@@ -1279,7 +1279,7 @@ class SessionTable(RuleBasedStateMachine):
     @initialize(limit=st.sampled_from([None, 1, 2]), resumable=st.booleans())
     def start_session(self, limit: int | None, resumable: bool) -> None:
         self.limit = limit
-        self.session.accepted(Limits(max_concurrent_calls=limit, resumable=resumable))
+        self.session.accepted(Limits(max_queued_calls=limit, resumable=resumable))
         [action] = self.session.receive(Initialize(id="init"))
         assert isinstance(action, OpenSession)
         self.session.opened(action)
@@ -1577,7 +1577,7 @@ class ShellWorld(RuleBasedStateMachine):
     )
     def connect(self, resumable: bool, limit: int | None, notifications: bool) -> None:
         self.limits = Limits(
-            max_concurrent_calls=limit,
+            max_queued_calls=limit,
             max_timeout_ms=lambda _name: MAX_TIMEOUT_MS,
             resumable=resumable,
         )
@@ -1634,7 +1634,7 @@ class ShellWorld(RuleBasedStateMachine):
         state, session_id = conn.session.state, conn.session.session_id
         held = {job.call_id for job in self.held(conn)}
         used = session_id is not None and self.job_of(session_id, call_id or "") is not None
-        limit = self.limits.max_concurrent_calls
+        limit = self.limits.max_queued_calls
         expected = (
             "INVALID_PARAMS"
             if call_id in held

@@ -46,12 +46,17 @@ def assign_secret(key: AgentKey) -> str:
 
 
 def create_key(
-    name: str, *, max_concurrent_calls: int | None = None, calls_per_minute: int | None = None
+    name: str,
+    *,
+    max_concurrent_calls: int | None = None,
+    max_queued_calls: int | None = None,
+    calls_per_minute: int | None = None,
 ) -> tuple[AgentKey, str]:
     """A new key: the row, and the plaintext key (never stored, shown once)."""
     key = AgentKey(
         name=name[:200],
         max_concurrent_calls=max_concurrent_calls,
+        max_queued_calls=max_queued_calls,
         calls_per_minute=calls_per_minute,
     )
     plaintext = assign_secret(key)

@@ -31,17 +31,28 @@ class Principal:
 
     @property
     def max_concurrent_calls(self) -> int:
-        """Calls in flight at once in one session."""
-        own = self.key.max_concurrent_calls if self.key is not None else None
-        limit = int(own if own is not None else settings.ABP["MAX_CONCURRENT_CALLS"])
-        return min(limit, self.max_calls_in_flight)
+        """Jobs running at once: this principal's share of the workers."""
+        return self._limit("max_concurrent_calls", "MAX_CONCURRENT_CALLS")
+
+    @property
+    def max_queued_calls(self) -> int:
+        """Calls queued or running at once in one session."""
+        return self._limit("max_queued_calls", "MAX_QUEUED_CALLS")
 
     @property
     def max_calls_in_flight(self) -> int:
-        """Calls in flight at once across all of this principal's sessions."""
+        """Calls queued or running at once across all of this principal's sessions."""
+        # A key allowed a longer queue per session may fill it.
+        own = self.key.max_queued_calls if self.key is not None else None
+        setting = self._limit(None, "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL")
+        return setting if self.kind == "page" else max(setting, own or 0)
+
+    def _limit(self, key_field: str | None, setting: str) -> int:
+        """The key's own value of a limit, else the setting; a page token's is its own."""
         if self.kind == "page":
             return int(settings.ABP["PAGE_TOKEN_MAX_CONCURRENT_CALLS"])
-        return int(settings.ABP["MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL"])
+        own = getattr(self.key, key_field) if key_field and self.key is not None else None
+        return int(own if own is not None else settings.ABP[setting])
 
     @property
     def max_open_sessions(self) -> int:

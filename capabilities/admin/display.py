@@ -109,6 +109,7 @@ def timeline(job: Job) -> SafeString:
     """Created, started, settled, stopped, delivered."""
     rows = [
         ("created", job.created_at),
+        ("handed to Celery", job.dispatched_at),
         ("started", job.started_at),
         ("settled", job.settled_at),
         ("stopped", job.stopped_at),

@@ -20,7 +20,7 @@ from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from capabilities.admin import display
+from capabilities.admin import display, workers
 from capabilities.admin.summary import changelist_summary
 from capabilities.calls import cancellation
 from capabilities.jobs.results import FILE_REF_KEY
@@ -63,6 +63,17 @@ class ReadOnlyAdmin(admin.ModelAdmin[Any]):
         return False
 
 
+# The change page's sections, every field read-only.
+_SECTIONS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
+    (None, ("call_id", "capability", "session_link", "status_badge", "queue", "worker")),
+    ("Progress", ("progress_bar", "stage")),
+    ("Timeline", ("timeline", "ran_after_cancel", "hard_killed")),
+    ("Input", ("params_summary", "progress_token", "deadline")),
+    ("Outcome", ("result_summary", "error_summary", "traceback_block")),
+    ("Cancel", ("cancel_source", "cancel_reason")),
+)
+
+
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
     """Jobs, newest first, with progress, timing and a cancel the agent hears."""
@@ -89,34 +100,9 @@ class JobAdmin(ReadOnlyAdmin):
     show_full_result_count = False  # no second COUNT(*) over the whole table
     actions = ("cancel_selected",)
     change_list_template = "admin/capabilities/job/change_list.html"
-    fieldsets = (
-        (None, {"fields": ("call_id", "capability", "session_link", "status_badge", "worker")}),
-        ("Progress", {"fields": ("progress_bar", "stage")}),
-        ("Timeline", {"fields": ("timeline", "ran_after_cancel", "hard_killed")}),
-        ("Input", {"fields": ("params_summary", "progress_token", "deadline")}),
-        ("Outcome", {"fields": ("result_summary", "error_summary", "traceback_block")}),
-        ("Cancel", {"fields": ("cancel_source", "cancel_reason")}),
-    )
-    readonly_fields = (
-        "call_id",
-        "capability",
-        "session_link",
-        "status_badge",
-        "worker",
-        "progress_bar",
-        "stage",
-        "timeline",
-        "ran_after_cancel",
-        "hard_killed",
-        "params_summary",
-        "progress_token",
-        "deadline",
-        "result_summary",
-        "error_summary",
-        "traceback_block",
-        "cancel_source",
-        "cancel_reason",
-    )
+    fieldsets = tuple((title, {"fields": names}) for title, names in _SECTIONS)
+    # Every field shown is read-only: jobs change only through their lifecycle.
+    readonly_fields = tuple(name for _, names in _SECTIONS for name in names)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
@@ -151,7 +137,7 @@ class JobAdmin(ReadOnlyAdmin):
             self.admin_site.admin_view(self.result_file),
             name="capabilities_job_file",
         )
-        return [own, *super().get_urls()]
+        return [own, workers.url(self), *super().get_urls()]
 
     def result_file(self, request: HttpRequest, job_id: uuid.UUID, key: str) -> HttpResponseBase:
         """A stored result file, for staff."""

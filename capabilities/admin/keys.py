@@ -27,6 +27,7 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
         "created_at",
         "last_used_at",
         "max_concurrent_calls",
+        "max_queued_calls",
         "calls_per_minute",
         "session_count",
     )
@@ -35,6 +36,7 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
     fields = (
         "name",
         "max_concurrent_calls",
+        "max_queued_calls",
         "calls_per_minute",
         "shown_prefix",
         "created_at",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
+
 from capabilities.access.principal import Principal
 from capabilities.calls import session_records
 from capabilities.jobs import lifecycle
@@ -47,16 +49,19 @@ def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) 
 
 
 def create_job(principal: Principal, **job: Any) -> Job:
-    """`jobs.create_job`, unless the principal already has its most calls in flight."""
+    """`jobs.create_job`, unless the principal already has its most calls queued."""
     held = Job.objects.filter(principal=principal.rate_limit_id, status__in=ACTIVE_STATUSES)
     _refuse_at(
         held.count(),
         principal.max_calls_in_flight,
         "callsInFlight",
-        "calls of yours may be in flight at once, across all your sessions; wait for one "
-        "to finish.",
+        "calls of yours may be queued or running at once, across all your sessions; "
+        "wait for one to finish.",
+        retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
     )
-    return lifecycle.create_job(principal=principal.rate_limit_id, **job)
+    return lifecycle.create_job(
+        principal=principal.rate_limit_id, max_running=principal.max_concurrent_calls, **job
+    )
 
 
 def open_session(
@@ -75,13 +80,16 @@ def open_session(
     )
 
 
-def _refuse_at(held: int, limit: int, name: str, what: str) -> None:
+def _refuse_at(
+    held: int, limit: int, name: str, what: str, *, retry_after_ms: int | None = None
+) -> None:
     """OverBudget (RATE_LIMITED, `details: {limit: name, max}`) once `held` reaches `limit`."""
     if held >= limit:
         raise OverBudget(
             WireError(
                 code=ErrorCode.RATE_LIMITED,
                 message=f"At most {limit} {what}",
+                retry_after_ms=retry_after_ms,
                 details={"limit": name, "max": limit},
             )
         )

@@ -20,7 +20,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from capabilities.jobs import abort_flags, notes, queue
+from capabilities.jobs import abort_flags, dispatch, notes, queue
 from capabilities.jobs.lifecycle import Outcome, settle
 from capabilities.models import CancelSource, Job
 from capabilities.protocol import ErrorCode, WireError
@@ -87,6 +87,8 @@ def fail_lost(job_id: uuid.UUID | str, *, last_seen: datetime | None = None) -> 
         stopped_at=last_seen or timezone.now()
     )
     tell_session(job_id)
+    # Its worker slot is free (or its worker gone, which the pump reads).
+    dispatch.pump_safely()
     return True
 
 

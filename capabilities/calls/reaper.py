@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from capabilities.calls import cancellation, resumption
-from capabilities.jobs import queue
+from capabilities.jobs import dispatch, queue
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,10 @@ def reap() -> None:
             logger.warning("Job %s lost its worker (last heartbeat %s)", job_id, last_seen)
     resumption.expire_abandoned()
     resumption.nudge_undelivered()
+    # Behind every other trigger: jobs whose message was lost, and any slot a
+    # pump missed (a process that died between a settle and its pump).
+    dispatch.redispatch_stale()
+    dispatch.pump_safely()
 
 
 def end_overdue(job_id: str) -> None:

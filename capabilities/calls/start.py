@@ -1,8 +1,9 @@
 """Starting a call: every check, in order, then the job. The same for every door.
 
 What the principal may call and how much it may send, its calls per minute, the
-capability's schema, then (in the same database hop that stores the row) its calls
-in flight. Nothing is stored or queued before every check has passed.
+capability's schema, then (in the same thread hop that stores the row) whether a
+live worker can run it and how many calls the principal has queued. Nothing is
+stored or queued before every check has passed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from channels.db import database_sync_to_async
 
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets
+from capabilities.calls import availability, budgets
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
 from capabilities.protocol import ErrorCode, WireError, responses
@@ -69,7 +70,7 @@ async def start(principal: Principal, call: CallRequest) -> Job:
     timeouts = spec.timeouts()
     default_ms = min(timeouts.default_ms, principal.max_timeout_ms(timeouts.max_ms))
     try:
-        job: Job = await database_sync_to_async(budgets.create_job)(
+        job: Job = await database_sync_to_async(_create_job)(
             principal,
             session_id=call.session_id,
             call_id=call.call_id,
@@ -82,6 +83,8 @@ async def start(principal: Principal, call: CallRequest) -> Job:
         )
     except budgets.OverBudget as over:
         raise CallRefused(over.error) from None
+    except CallRefused:
+        raise
     except CallIdInUse:
         raise CallRefused(
             WireError(
@@ -112,6 +115,13 @@ async def over_rate_limit(principal: Principal) -> WireError | None:
         retry_after_ms=wait_ms,
         details={"limit": "callsPerMinute", "max": per_minute},
     )
+
+
+def _create_job(principal: Principal, **job: Any) -> Job:
+    error = availability.unavailable(job["capability"])
+    if error is not None:
+        raise CallRefused(error)
+    return budgets.create_job(principal, **job)
 
 
 def _spec(capability: str) -> registry.CapabilitySpec:

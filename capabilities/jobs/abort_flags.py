@@ -7,18 +7,9 @@ capabilities/worker/interrupter.py). A queued task whose flag is up never starts
 
 from __future__ import annotations
 
-from functools import cache
-
-import redis
 from django.conf import settings
 
 from capabilities import redis_pool
-
-
-@cache
-def _client() -> redis.Redis:
-    # redis-py's pool notices a fork and reconnects in the child.
-    return redis.Redis.from_url(settings.REDIS_URL)
 
 
 def abort_key(job_id: str) -> str:
@@ -33,7 +24,7 @@ def channel() -> str:
 
 def raise_flag(job_id: str) -> None:
     """Raise a job's abort flag and tell running workers, in one round trip."""
-    pipe = _client().pipeline(transaction=False)
+    pipe = redis_pool.sync_client().pipeline(transaction=False)
     pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
     pipe.publish(channel(), job_id)
     pipe.execute()
@@ -54,4 +45,4 @@ async def raise_flag_async(job_id: str) -> None:
 
 def is_raised(job_id: str) -> bool:
     """Whether a job's abort flag is up (one Redis round trip: not for checkpoints)."""
-    return bool(_client().exists(abort_key(job_id)))
+    return bool(redis_pool.sync_client().exists(abort_key(job_id)))

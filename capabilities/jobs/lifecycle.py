@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from capabilities.jobs import inputs, notes, queue, row_updates
+from capabilities.jobs import dispatch, inputs, notes, queue, row_updates
 from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import WireError, responses
 
@@ -72,13 +72,20 @@ def create_job(
     progress_token: str | int | None,
     notify_started: bool = False,
     principal: str = "",
+    max_running: int | None = None,
 ) -> Job:
-    """Record a call and enqueue its task once the row is committed."""
+    """Record a call; once the row is committed, send it to Celery if a slot is free.
+
+    `max_running`: the principal's share of the workers (MAX_CONCURRENT_CALLS if None).
+    """
     timeout_ms = min(
         timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
     )
     now = timezone.now()
     job_id = uuid.uuid4()
+    queue_name = queue.queue_for(capability)
+    share = settings.ABP["MAX_CONCURRENT_CALLS"] if max_running is None else max_running
+    go_now = dispatch.may_go_now(queue_name, principal, share)
     stored_params, spilled = inputs.spill(str(job_id), params)
     job = Job(
         id=job_id,
@@ -89,6 +96,9 @@ def create_job(
         params=stored_params,
         spilled=spilled,
         principal=principal,
+        queue=queue_name,
+        max_running=share,
+        dispatched_at=now if go_now else None,
         progress_token=progress_token,
         notify_started=notify_started,
         created_at=now,
@@ -96,11 +106,11 @@ def create_job(
     )
     try:
         # One autocommitted INSERT (no BEGIN/COMMIT round of its own); on_commit
-        # then enqueues at once, or when the caller's own transaction commits.
+        # then sends it at once, or when the caller's own transaction commits.
         job.save(force_insert=True)
     except IntegrityError as exc:
         raise CallIdInUse(call_id) from exc
-    transaction.on_commit(lambda: queue.enqueue(job))
+    transaction.on_commit(lambda: dispatch.created(job))
     return job
 
 

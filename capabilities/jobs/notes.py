@@ -34,14 +34,22 @@ def job_started(call_id: str) -> Note:
     return {"type": "job.started", "call_id": call_id}
 
 
-def job_progress(call_id: str, *, progress: float, total: float | None, stage: str) -> Note:
-    """The call's job made progress."""
+def job_progress(
+    call_id: str,
+    *,
+    progress: float,
+    total: float | None,
+    stage: str,
+    position: int | None = None,
+) -> Note:
+    """The call's job made progress; a queued one, its place in line."""
     return {
         "type": "job.progress",
         "call_id": call_id,
         "progress": progress,
         "total": total,
         "stage": stage,
+        "position": position,
     }
 
 
@@ -56,6 +64,11 @@ def job_settled(call_id: str, response: dict[str, Any] | None = None) -> Note:
 def job_returned(job_id: str) -> Note:
     """A settled result nobody sent: the session's holder should take and send it."""
     return {"type": "job.returned", "job_id": job_id}
+
+
+def capabilities_changed(available: dict[str, bool]) -> Note:
+    """Which capabilities a live worker can run changed (to AVAILABILITY_GROUP)."""
+    return {"type": "capabilities.changed", "available": available}
 
 
 def session_superseded(generation: int) -> Note:

@@ -27,7 +27,9 @@ def _field(name: str) -> Field[Any, Any]:
 
 
 @functools.cache
-def _statement(vendor: str, columns: tuple[str, ...], statuses: int, stop_if: bool) -> str:
+def _statement(
+    vendor: str, columns: tuple[str, ...], statuses: int, stop_if: bool, where_null: str | None
+) -> str:
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
     status = quote(_field("status").column)
@@ -36,9 +38,10 @@ def _statement(vendor: str, columns: tuple[str, ...], statuses: int, stop_if: bo
         stopped = quote(_field("stopped_at").column)
         assignments.append(f"{stopped} = CASE WHEN {status} = %s THEN %s ELSE {stopped} END")
     placeholders = ", ".join(["%s"] * statuses)
+    also = f" AND {quote(_field(where_null).column)} IS NULL" if where_null else ""
     return (
         f"UPDATE {table} SET {', '.join(assignments)} "
-        f"WHERE {quote(Job._meta.pk.column)} = %s AND {status} IN ({placeholders})"
+        f"WHERE {quote(Job._meta.pk.column)} = %s AND {status} IN ({placeholders}){also}"
     )
 
 
@@ -48,10 +51,12 @@ def update_if(
     values: dict[str, Any],
     *,
     stop_if: tuple[str, datetime] | None = None,
+    where_null: str | None = None,
 ) -> bool:
     """Write `values` if the job's status is one of `statuses`; True if a row changed.
 
-    `stop_if=(status, when)` also sets stopped_at to `when` if the row was in `status`.
+    `stop_if=(status, when)` also sets stopped_at to `when` if the row was in `status`;
+    `where_null` names a field that must also still be null.
     """
     columns = tuple(values)
     params = [_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
@@ -59,7 +64,7 @@ def update_if(
         params += [stop_if[0], _field("stopped_at").get_db_prep_save(stop_if[1], connection)]
     params.append(Job._meta.pk.get_db_prep_save(uuid.UUID(str(job_id)), connection))
     params += list(statuses)
-    sql = _statement(connection.vendor, columns, len(statuses), stop_if is not None)
+    sql = _statement(connection.vendor, columns, len(statuses), stop_if is not None, where_null)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return bool(cursor.rowcount == 1)

@@ -61,20 +61,31 @@ def notification(event: str, data: dict[str, Any]) -> str:
     return encode(MessageType.NOTIFICATION, {"event": event, "data": data})
 
 
-def progress(operation_id: str | int, *, progress: float, total: float | None, stage: str) -> str:
-    """`progress` for a call that asked for it with a progressToken."""
+def progress(
+    operation_id: str | int,
+    *,
+    progress: float,
+    total: float | None,
+    stage: str,
+    position: int | None = None,
+) -> str:
+    """`progress` for a call that asked for it with a progressToken.
+
+    A call still waiting for a worker has `status: "queued"` and, when known, its
+    `position` in its agent's line (1: next to start).
+    """
     percentage = round(100.0 * progress / total, 1) if total else None
-    return encode(
-        MessageType.PROGRESS,
-        {
-            "operationId": operation_id,
-            "progress": progress,
-            "total": total,
-            "percentage": percentage,
-            "stage": stage,
-            "status": "running",
-        },
-    )
+    payload: dict[str, Any] = {
+        "operationId": operation_id,
+        "progress": progress,
+        "total": total,
+        "percentage": percentage,
+        "stage": stage,
+        "status": "queued" if stage == "queued" else "running",
+    }
+    if position is not None:
+        payload["position"] = position
+    return encode(MessageType.PROGRESS, payload)
 
 
 def error_for(request_type: str | None, request_id: str | None, error: WireError) -> str:

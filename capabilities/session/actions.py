@@ -19,7 +19,8 @@ from capabilities.protocol import Initialize
 class Limits:
     """What this connection's principal may do in one session."""
 
-    max_concurrent_calls: int | None = None
+    max_queued_calls: int | None = None
+    queue_full_retry_after_ms: int | None = None
     max_timeout_ms: Callable[[str], int] | None = None
     resumable: bool = False
 

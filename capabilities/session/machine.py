@@ -119,6 +119,7 @@ class Session:
         *,
         capability_names: Callable[[], list[str]],
         app: dict[str, Any],
+        availability: Callable[[], dict[str, bool]] = dict,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
         clock: Callable[[], float] = time.monotonic,
@@ -129,6 +130,7 @@ class Session:
         self.notifications = False
         self.limits = Limits()
         self._capability_names = capability_names
+        self._availability = availability
         self._app = app
         self._new_id = new_id
         self._new_token = new_token
@@ -323,7 +325,7 @@ class Session:
             session_id=session_id,
             protocol_version=PROTOCOL_VERSION,
             app=self._app,
-            capabilities=[{"name": name, "available": True} for name in self._capability_names()],
+            capabilities=self._capabilities(self._availability()),
             features={
                 "notifications": message.features.notifications,
                 "progress": message.features.progress,
@@ -331,6 +333,20 @@ class Session:
             },
             resume_token=token,
         )
+
+    def _capabilities(self, available: dict[str, bool]) -> list[dict[str, Any]]:
+        """`[{name, available}]`: whether a live worker can run each capability now."""
+        return [
+            {"name": name, "available": available.get(name, True)}
+            for name in self._capability_names()
+        ]
+
+    def capabilities_changed(self, available: dict[str, bool]) -> list[Action]:
+        """Workers came or went: tell the agent, if it wants notifications."""
+        if self.state is not ConnectionState.OPEN or not self.notifications:
+            return []
+        data = {"capabilities": self._capabilities(available)}
+        return [Send(text=replies.notification("notifications/capabilities/changed", data))]
 
     # -- calls -------------------------------------------------------------------------
 
@@ -369,12 +385,15 @@ class Session:
                 f"for {message.capability}.",
                 details={"path": "payload.options.timeout", "max": max_timeout_ms},
             )
-        most = self.limits.max_concurrent_calls
+        most = self.limits.max_queued_calls
         if most is not None and len(self._calls) >= most:
+            wait_ms = self.limits.queue_full_retry_after_ms
             return WireError(
                 code=ErrorCode.RATE_LIMITED,
-                message=f"At most {most} calls may be in flight at once; wait for one to finish.",
-                details={"limit": "concurrentCalls", "max": most},
+                message=f"At most {most} calls may be queued or running in one session; "
+                "wait for one to finish.",
+                retry_after_ms=wait_ms,
+                details={"limit": "queuedCalls", "max": most},
             )
         return None
 
@@ -602,13 +621,21 @@ class Session:
         return [Send(text=note)]
 
     def job_progress(
-        self, call_id: str, *, progress: float, total: float | None, stage: str
+        self,
+        call_id: str,
+        *,
+        progress: float,
+        total: float | None,
+        stage: str,
+        position: int | None = None,
     ) -> list[Action]:
-        """The call made progress: tell the agent if it asked (progressToken)."""
+        """The call made progress (or moved up the line): tell the agent if it asked."""
         call = self._calls.get(call_id) if self._live() else None
         if call is None or call.progress_token is None:
             return []
-        reply = replies.progress(call.progress_token, progress=progress, total=total, stage=stage)
+        reply = replies.progress(
+            call.progress_token, progress=progress, total=total, stage=stage, position=position
+        )
         return [Send(text=reply)]
 
     def job_settled(self, call_id: str, response: dict[str, Any] | None) -> list[Action]:

@@ -21,12 +21,13 @@ from django.conf import settings
 from capabilities.access import agent_keys, credentials
 from capabilities.calls import cancellation, resumption, start
 from capabilities.calls.app_info import app_info
+from capabilities.calls.availability import AVAILABILITY_GROUP
 from capabilities.jobs import notes
 from capabilities.models import session_group
 from capabilities.protocol import ProtocolError, decode
 from capabilities.session import actions as do
 from capabilities.session.machine import Session
-from capabilities.transport import held_sessions
+from capabilities.transport import availability_watch, held_sessions
 from capabilities.transport.background import Background, Timers
 from capabilities.transport.layer import RetryingLayer
 from capabilities.transport.session_io import SessionIO, record_of
@@ -45,7 +46,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     """One agent connection speaking the ABP envelope."""
 
     async def connect(self) -> None:
-        self.session = Session(capability_names=start.capability_names, app=app_info())
+        await availability_watch.ensure_started()
+        self.session = Session(
+            capability_names=start.capability_names,
+            app=app_info(),
+            availability=availability_watch.states,
+        )
         self.layer = RetryingLayer(self.channel_layer)
         self.serial = asyncio.Lock()
         self.background = Background()
@@ -68,7 +74,8 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
         self.io = SessionIO(self.session, principal, base_url=base_url)
         limits = do.Limits(
-            max_concurrent_calls=principal.max_concurrent_calls,
+            max_queued_calls=principal.max_queued_calls,
+            queue_full_retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
             max_timeout_ms=functools.partial(start.max_timeout_ms, principal),
             # Pages do not resume (runtime.js, bridge.js): a page's session ends with
             # its socket, so its work stops at once and holds no place for the grace.
@@ -97,6 +104,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             held_sessions.release(self.channel_name)
             if self.group is not None:
                 await self.layer.group_discard(self.group, self.channel_name)
+                await self.layer.group_discard(AVAILABILITY_GROUP, self.channel_name)
             # Deliveries given back, revokes: done before the session is let go.
             await self.background.drain()
 
@@ -213,6 +221,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         """Hold the session here, and hear its notes."""
         self.group = session_group(session_id)
         await self.layer.group_add(self.group, self.channel_name)
+        await self.layer.group_add(AVAILABILITY_GROUP, self.channel_name)
         held_sessions.hold(self.channel_name, session_id)
 
     # -- notes from workers, the reaper, the admin, other connections ----------------
@@ -222,7 +231,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def job_progress(self, event: dict[str, Any]) -> None:
         progress = self.session.job_progress(
-            event["call_id"], progress=event["progress"], total=event["total"], stage=event["stage"]
+            event["call_id"],
+            progress=event["progress"],
+            total=event["total"],
+            stage=event["stage"],
+            position=event.get("position"),
         )
         await self.perform(progress)
 
@@ -239,6 +252,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return  # our own announcement, or an older one
         async with self.serial:
             await self.perform(self.session.superseded(event["generation"]))
+
+    async def capabilities_changed(self, event: dict[str, Any]) -> None:
+        async with self.serial:
+            await self.perform(self.session.capabilities_changed(event["available"]))
 
     async def agent_key_revoked(self, event: dict[str, Any]) -> None:
         async with self.serial:

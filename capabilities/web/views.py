@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET
 
 from capabilities.access import page_tokens
 from capabilities.access.origins import BadOrigin, normalize_all
+from capabilities.calls import availability
 from capabilities.calls.app_info import app_info
 from capabilities.protocol import PROTOCOL_VERSION
 from capabilities.work import registry
@@ -48,16 +49,21 @@ def page_token_context(request: HttpRequest) -> dict[str, Any]:
 
 
 def manifest_data() -> dict[str, object]:
-    """The manifest: the app and every capability with its schemas."""
+    """The manifest: the app and every capability with its schemas and availability."""
+    available = availability.current().states()
     return {
         "abp": PROTOCOL_VERSION,
         "app": app_info(),
-        "capabilities": [spec.describe() for spec in registry.all_specs()],
+        "capabilities": [
+            {**spec.describe(), "available": available.get(spec.name, False)}
+            for spec in registry.all_specs()
+        ],
     }
 
 
 @require_GET
-@cache_control(public=True, max_age=300)
+# Short: `available` follows the live workers.
+@cache_control(public=True, max_age=5)
 def manifest(request: HttpRequest) -> JsonResponse:
     """`/abp.json`, readable cross-origin (agents fetch it from anywhere)."""
     response = JsonResponse(manifest_data())

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from capabilities.jobs import abort_flags, inputs, lifecycle, notes, results
+from capabilities.jobs import abort_flags, dispatch, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
@@ -98,6 +98,8 @@ def execute(job_id: str, *, worker_name: str) -> None:
         _execute(job_id, worker_name, interrupter)
     finally:
         interrupter.end()
+        # This process's slot is free: the next waiting job may go (fair shares).
+        dispatch.pump_safely()
 
 
 def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:

@@ -11,12 +11,21 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from billiard.pool import EX_RECYCLE
 from celery import shared_task
-from celery.signals import task_failure, task_revoked, worker_init, worker_process_init
+from celery.concurrency import get_implementation
+from celery.concurrency.thread import TaskPool as ThreadPool
+from celery.signals import (
+    task_failure,
+    task_revoked,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 
 from capabilities.calls import cancellation, reaper
 from capabilities.jobs import lifecycle, queue, retention
 from capabilities.work import registry
-from capabilities.worker import executor, heartbeat, interrupter, memory_limit
+from capabilities.worker import executor, heartbeat, interrupter, memory_limit, presence
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +70,7 @@ def clean_up() -> None:
 
 
 @worker_init.connect
-def _prepare_runners(**_: Any) -> None:
+def _prepare_runners(sender: Any = None, **_: Any) -> None:
     # Before the pool forks: runners and their libraries load once, shared by every
     # child, and no job is cancelled halfway through an import.
     for spec in registry.all_specs():
@@ -72,6 +81,24 @@ def _prepare_runners(**_: Any) -> None:
     # also stop copying those pages by touching them.
     gc.collect()
     gc.freeze()
+    if sender is not None and get_implementation(sender.pool_cls) is ThreadPool:
+        _prepare_thread_pool(sender.concurrency)
+
+
+def _prepare_thread_pool(concurrency: Any) -> None:
+    # The thread pool runs jobs in this process and sends no worker_process_init
+    # (prefork children and the solo pool do): this process is prepared as a child,
+    # its memory ceiling included.
+    # The Interrupter and the heartbeat follow one job per process: with more threads,
+    # a cancel stops another job or none, and the other jobs' heartbeats go stale.
+    if concurrency != 1:
+        logger.error("The threads pool stops cancelled jobs only with -c 1, not -c %s", concurrency)
+    _prepare_child()
+
+
+# The worker announces itself while it can take jobs (availability, fair shares).
+worker_ready.connect(presence.announce)
+worker_shutdown.connect(presence.withdraw)
 
 
 @worker_process_init.connect

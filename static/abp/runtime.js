@@ -124,7 +124,11 @@
     return manifest;
   }
 
-  /** The manifest's capabilities, with availability from the session when there is one. */
+  /**
+   * The manifest's capabilities. Availability (a live worker can run it) comes from the
+   * session when there is one, kept current by notifications/capabilities/changed;
+   * otherwise from the manifest as loaded.
+   */
   async function capabilities() {
     const document_ = await loadManifest();
     /** @type {Map<string, boolean>} */
@@ -133,7 +137,7 @@
     return (document_.capabilities || []).map((/** @type {any} */ spec) => ({
       name: spec.name,
       description: spec.description || "",
-      available: available.size === 0 ? true : available.get(spec.name) === true,
+      available: available.size === 0 ? spec.available !== false : available.get(spec.name) === true,
       inputSchema: spec.inputSchema || { type: "object" },
       outputSchema: spec.outputSchema || { type: "object" },
     }));
@@ -185,9 +189,12 @@
   /** Route a connection's progress and notifications to the agent. @param {any} connected */
   function watch(connected) {
     connected.onProgress((/** @type {unknown} */ payload) => dispatch("__abp_progress", progressHandlers, payload));
-    connected.onNotification((/** @type {unknown} */ payload) =>
-      dispatch("__abp_notification", notificationHandlers, payload),
-    );
+    connected.onNotification((/** @type {any} */ payload) => {
+      if (payload && payload.event === "notifications/capabilities/changed" && session !== null) {
+        session = { ...session, capabilities: payload.data.capabilities };
+      }
+      dispatch("__abp_notification", notificationHandlers, payload);
+    });
     connected.onClose(() => {
       if (client === connected) forget();
     });

@@ -56,6 +56,10 @@ def configure(prefix: str, **overrides: str) -> Stack:
             "ABP_REAPER_INTERVAL_SECONDS": "0.5",
             "ABP_HARD_KILL_GRACE_SECONDS": "1.5",
             "ABP_WORKER_LOST_AFTER_SECONDS": "3",
+            # Live workers: quick to appear and to expire, so availability tests are short.
+            "ABP_WORKER_ANNOUNCE_SECONDS": "0.5",
+            "ABP_WORKER_TTL_SECONDS": "2",
+            "ABP_AVAILABILITY_POLL_SECONDS": "0.25",
             # Lower than the product's: every job of the suite fits (a child is ~400 MiB
             # of address space), and tests/test_worker_memory_limit.py's bombs stay small.
             "ABP_WORKER_MEMORY_LIMIT_MB": "1024",

@@ -16,7 +16,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="Who holds the key (shown in the admin).")
-        parser.add_argument("--max-concurrent-calls", type=int, default=None)
+        parser.add_argument(
+            "--max-concurrent-calls", type=int, default=None, help="Jobs running at once."
+        )
+        parser.add_argument(
+            "--max-queued-calls", type=int, default=None, help="Calls queued per session."
+        )
         parser.add_argument("--calls-per-minute", type=int, default=None)
         parser.add_argument(
             "--quiet", action="store_true", help="Print the key alone (for scripts)."
@@ -26,6 +31,7 @@ class Command(BaseCommand):
         key, plaintext = create_key(
             options["name"],
             max_concurrent_calls=options["max_concurrent_calls"],
+            max_queued_calls=options["max_queued_calls"],
             calls_per_minute=options["calls_per_minute"],
         )
         if options["quiet"]:
