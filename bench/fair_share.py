@@ -8,7 +8,9 @@ worker, beat):
    call to its job's start) is printed beside A's jobs' service time: with fair
    shares B starts when the first running job ends; in one first-in-first-out queue
    it would wait behind all 200 (about 20 s here).
-2. A call to a capability whose queue no live worker consumes (a Daphne with that
+2. The heavy worker killed by PID: how long until a connected session is told its
+   capabilities are unavailable, and, once started again, available.
+3. A call to a capability whose queue no live worker consumes (a Daphne with that
    capability moved to an empty queue), alternated with a small call that runs,
    both on the same client: the refusal's round trip against a normal answer.
 
@@ -18,8 +20,10 @@ Run: .venv/bin/python bench/fair_share.py [--rounds 5] [--calls 200]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,7 +35,7 @@ STACK = environment.prepare("abp-bench-")
 from bench import stats  # noqa: E402
 from capabilities.access import agent_keys  # noqa: E402
 from capabilities.models import Job, JobStatus  # noqa: E402
-from tests.support.agent import Agent  # noqa: E402
+from tests.support.agent import Agent, Envelope  # noqa: E402
 from tests.support.waiting import eventually  # noqa: E402
 
 JOB = {"mode": "checkpoint", "steps": 10, "stepMs": 20}
@@ -64,6 +68,35 @@ def one_round(number: int, batch: int) -> tuple[float, float, int]:
             if job.started_at and job.stopped_at
         ]
     return (theirs.started_at.timestamp() - sent) * 1000, stats.summary(a_times)["p50"], ahead
+
+
+def availability_flips(rounds: int) -> list[tuple[float, float]]:
+    """Seconds from killing the heavy worker (by PID) to the notification, and from
+    starting it again to the one that says it is back."""
+    flips: list[tuple[float, float]] = []
+    with Agent(STACK.ws_url) as agent:
+        agent.initialize(notifications=True)
+        for _ in range(rounds):
+            killed = time.monotonic()
+            STACK.worker.kill()
+            agent.wait_for(_changed(available=False), timeout=30)
+            gone = time.monotonic() - killed
+            started = time.monotonic()
+            STACK.start_worker()
+            agent.wait_for(_changed(available=True), timeout=30)
+            flips.append((gone, time.monotonic() - started))
+    return flips
+
+
+def _changed(*, available: bool) -> Callable[[Envelope], bool]:
+    def matches(envelope: Envelope) -> bool:
+        payload = envelope["payload"]
+        if payload.get("event") != "notifications/capabilities/changed":
+            return False
+        states = {c["name"]: c["available"] for c in payload["data"]["capabilities"]}
+        return states.get("export.pdf") is available
+
+    return matches
 
 
 def main() -> None:
@@ -102,6 +135,7 @@ def main() -> None:
                 answered.append((time.perf_counter() - start) * 1000)
                 assert result["payload"]["success"] is True
                 agent.inbox.clear()
+        flips = availability_flips(rounds=3)
     finally:
         STACK.stop()
         STACK.remove_files()
@@ -109,6 +143,10 @@ def main() -> None:
     print(stats.line("A's jobs, run time each", services))
     print(stats.line("B's wait, call to start", waits, stats.summary(services)["p50"]))
     print(f"  A's jobs started before B's: {aheads} (of {args.calls}; 2 were running)")
+    ttl = os.environ["ABP_WORKER_TTL_SECONDS"]
+    print(f"\n== The heavy worker killed by PID, then started again (TTL {ttl} s)")
+    for gone, back in flips:
+        print(f"  kill -> unavailable notified: {gone:5.2f} s   start -> available: {back:5.2f} s")
     print("\n== A call no live worker can run, against one that runs (same client, alternated)")
     print(stats.line("markdownToHtml, answered", answered))
     print(stats.line("test.sleep, CAPABILITY_UNAVAILABLE", refused, stats.summary(answered)["p50"]))
