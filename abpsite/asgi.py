@@ -16,6 +16,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - after setup
 
 from abpsite.proxies import behind_trusted_proxies  # noqa: E402
+from capabilities.mcp_door.app import MCPDoor, routed  # noqa: E402
 from capabilities.transport.browser_origins import browser_origin_validator  # noqa: E402
 from capabilities.transport.hosts import AllowedHostsValidator  # noqa: E402
 from capabilities.transport.routing import websocket_urlpatterns  # noqa: E402
@@ -78,7 +79,8 @@ _refuse_sends_after_disconnect()
 application = behind_trusted_proxies(
     ProtocolTypeRouter(
         {
-            "http": django_asgi_app,
+            # /mcp is the MCP door (capabilities/mcp_door/), the rest Django.
+            "http": routed(MCPDoor(), django_asgi_app),
             "websocket": AllowedHostsValidator(
                 browser_origin_validator(URLRouter(websocket_urlpatterns))
             ),

@@ -331,6 +331,9 @@ ABP: dict[str, Any] = {
     # How stale each process's view of live workers may be, and how often each
     # Daphne looks for a change to tell connected sessions about.
     "AVAILABILITY_POLL_SECONDS": _env_float("ABP_AVAILABILITY_POLL_SECONDS", 1.0),
+    # An MCP session with no request in flight for this long is ended (its calls
+    # were answered); its id then answers 404.
+    "MCP_SESSION_IDLE_SECONDS": _env_float("ABP_MCP_SESSION_IDLE_SECONDS", 30 * 60.0),
     # retryAfter of CAPABILITY_UNAVAILABLE.
     "UNAVAILABLE_RETRY_AFTER_MS": _env_int("ABP_UNAVAILABLE_RETRY_AFTER_MS", 5000),
     # Calls per minute (sliding window) per agent key, or per client address for

@@ -48,6 +48,15 @@ class CancelSource(models.TextChoices):
     """An operator cancelled it in the admin."""
 
 
+class Door(models.TextChoices):
+    """The front door a session came in by."""
+
+    ABP = "abp", "ABP"
+    """The ABP WebSocket (/abp/ws), the embed bridge or window.abp."""
+    MCP = "mcp", "MCP"
+    """MCP's Streamable HTTP endpoint (/mcp)."""
+
+
 class AgentKey(models.Model):
     """A credential an agent opens WebSockets with. Only its hash is stored.
 
@@ -104,6 +113,7 @@ class AgentSession(models.Model):
     )
     # How the connection authenticated: key, page (a page token) or anonymous.
     auth = models.CharField(max_length=10, blank=True)
+    door = models.CharField(max_length=10, choices=Door.choices, default=Door.ABP)
     client_address = models.CharField(max_length=100, blank=True)
     # Whose budgets the session spends (access/principal.py, rate_limit_id): a key, or
     # the client address of page-token and anonymous connections.

@@ -65,7 +65,7 @@ class ReadOnlyAdmin(admin.ModelAdmin[Any]):
 
 # The change page's sections, every field read-only.
 _SECTIONS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
-    (None, ("call_id", "capability", "session_link", "status_badge", "queue", "worker")),
+    (None, ("call_id", "capability", "door", "session_link", "status_badge", "queue", "worker")),
     ("Progress", ("progress_bar", "stage")),
     ("Timeline", ("timeline", "ran_after_cancel", "hard_killed")),
     ("Input", ("params_summary", "progress_token", "deadline")),
@@ -81,6 +81,7 @@ class JobAdmin(ReadOnlyAdmin):
     list_display = (
         "call_id",
         "capability",
+        "door",
         "session_link",
         "status_badge",
         "progress_bar",
@@ -90,7 +91,7 @@ class JobAdmin(ReadOnlyAdmin):
         "worker",
         "cancel_source",
     )
-    list_filter = ("status", CapabilityFilter, "cancel_source", "created_at")
+    list_filter = ("status", CapabilityFilter, "session__door", "cancel_source", "created_at")
     # callId, session id or the start of the agent's name: see get_search_results.
     search_fields = ("call_id",)
     search_help_text = "A callId, a session id, or the start of an agent's name."
@@ -177,6 +178,10 @@ class JobAdmin(ReadOnlyAdmin):
     def timeline(self, job: Job) -> SafeString:
         return display.timeline(job)
 
+    @admin.display(description="door", ordering="session__door")
+    def door(self, job: Job) -> str:
+        return job.session.get_door_display()
+
     @admin.display(description="work after the cancel")
     def ran_after_cancel(self, job: Job) -> str:
         return display.ran_after_cancel(job)
@@ -248,6 +253,7 @@ class AgentSessionAdmin(ReadOnlyAdmin):
         "agent_name",
         "agent_version",
         "agent_key",
+        "door",
         "auth",
         "origin",
         "client_address",
@@ -258,7 +264,7 @@ class AgentSessionAdmin(ReadOnlyAdmin):
     )
     list_select_related = ("agent_key",)
     search_fields = ("=id", "^agent_name", "=agent_key__prefix")
-    list_filter = ("connected_at",)
+    list_filter = ("door", "connected_at")
     ordering = ("-connected_at",)
     list_per_page = 50
     show_full_result_count = False

@@ -68,15 +68,20 @@ def open_session(
     principal: Principal, session_id: str, message: Initialize, *, origin: str, resume_token: str
 ) -> None:
     """`session_records.open_session`, unless the principal has its most sessions open."""
+    refuse_another_session(principal)
+    session_records.open_session(
+        session_id, message, origin=origin, principal=principal, resume_token=resume_token
+    )
+
+
+def refuse_another_session(principal: Principal) -> None:
+    """OverBudget if the principal already has its most sessions open."""
     held = AgentSession.objects.filter(principal=principal.rate_limit_id, closed_at__isnull=True)
     _refuse_at(
         held.count(),
         principal.max_open_sessions,
         "openSessions",
         "sessions of yours may be open at once; shut one down (or let a dropped one expire) first.",
-    )
-    session_records.open_session(
-        session_id, message, origin=origin, principal=principal, resume_token=resume_token
     )
 
 

@@ -75,7 +75,11 @@ class NotClaimed(Enum):
 
 
 def claim_response(
-    job_id: str, base_url: str, response: dict[str, Any] | None
+    job_id: str,
+    base_url: str,
+    response: dict[str, Any] | None,
+    *,
+    inline_max_bytes: int | None = None,
 ) -> dict[str, Any] | NotClaimed:
     """Claim the delivery of a settled job's call-result, and the result to send.
 
@@ -89,4 +93,4 @@ def claim_response(
     if response is not None:
         return response
     job = Job.objects.get(pk=job_id)
-    return results.call_response(job, base_url=base_url)
+    return results.call_response(job, base_url=base_url, inline_max_bytes=inline_max_bytes)

@@ -27,13 +27,19 @@ FILE_REF_KEY = "$file"
 NOTE_RESPONSE_MAX_BYTES = 16 * 1024
 
 
-def call_response(job: Job, *, base_url: str = "") -> dict[str, Any]:
-    """The ABPResponse for a settled job; download URLs start with `base_url`."""
+def call_response(
+    job: Job, *, base_url: str = "", inline_max_bytes: int | None = None
+) -> dict[str, Any]:
+    """The ABPResponse for a settled job; download URLs start with `base_url`.
+
+    Files up to `inline_max_bytes` (INLINE_RESULT_MAX_BYTES if None) are inlined.
+    """
     succeeded = job.status == JobStatus.SUCCEEDED
+    data = materialize(job, base_url=base_url, inline_max_bytes=inline_max_bytes)
     return _response(
         job.call_id,
         JobStatus(job.status),
-        data=materialize(job, base_url=base_url) if succeeded else None,
+        data=data if succeeded else None,
         error=None if succeeded else job_error(job),
         duration=duration_ms(job),
     )
@@ -91,11 +97,14 @@ def duration_ms(job: Job) -> int:
     return max(0, int((job.settled_at - job.created_at).total_seconds() * 1000))
 
 
-def materialize(job: Job, *, base_url: str) -> dict[str, Any]:
+def materialize(job: Job, *, base_url: str, inline_max_bytes: int | None = None) -> dict[str, Any]:
     """The job's result data, its file references made BinaryData or references."""
     data: dict[str, Any] = job.result or {}
+    limit = (
+        settings.ABP["INLINE_RESULT_MAX_BYTES"] if inline_max_bytes is None else inline_max_bytes
+    )
     return {
-        key: _binary(job, value, base_url) if _is_file_ref(value) else value
+        key: _binary(job, value, base_url, limit) if _is_file_ref(value) else value
         for key, value in data.items()
     }
 
@@ -104,8 +113,8 @@ def _is_file_ref(value: Any) -> bool:
     return isinstance(value, dict) and FILE_REF_KEY in value
 
 
-def _binary(job: Job, ref: dict[str, Any], base_url: str) -> dict[str, Any]:
-    if ref["size"] > settings.ABP["INLINE_RESULT_MAX_BYTES"]:
+def _binary(job: Job, ref: dict[str, Any], base_url: str, limit: int) -> dict[str, Any]:
+    if ref["size"] > limit:
         return download_links.reference(job, ref, base_url=base_url)
     with default_storage.open(ref[FILE_REF_KEY], "rb") as handle:
         content = handle.read()

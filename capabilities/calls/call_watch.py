@@ -1,0 +1,139 @@
+"""Waiting on one call from a door that has no consumer of its own (MCP, JSON-RPC).
+
+The watcher joins its session's channel-layer group on a channel of its own before
+the job exists, so no note can slip past: progress and the settle reach it as
+they reach an ABP consumer. Notes can be lost (a Redis hiccup); the outcome is in
+the database, so a quiet spell ends with a look there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from capabilities.calls import cancellation, session_records
+from capabilities.jobs.notes import Note
+from capabilities.models import CancelSource, Job, session_group
+
+# A call with no note for this long looks in the database for its outcome.
+QUIET_SECONDS = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """A progress note of the watched call."""
+
+    progress: float
+    total: float | None
+    stage: str
+    position: int | None
+
+
+ProgressSink = Callable[[Progress], Awaitable[None]]
+
+
+class CallWatch:
+    """A channel of its own in a session's group; notes of other calls are skipped."""
+
+    def __init__(self, session_id: str, channel: str) -> None:
+        self.session_id = session_id
+        self._channel = channel
+        self._layer: Any = get_channel_layer()
+
+    async def note(self, quiet_for: float) -> Note | None:
+        """The session's next note, or None after `quiet_for` seconds without one."""
+        try:
+            async with asyncio.timeout(quiet_for):
+                note: Note = await self._layer.receive(self._channel)
+        except TimeoutError:
+            return None
+        return note
+
+    async def outcome(
+        self,
+        job: Job,
+        *,
+        base_url: str,
+        inline_max_bytes: int | None = None,
+        on_progress: ProgressSink | None = None,
+    ) -> dict[str, Any]:
+        """Wait for the job to settle; its ABPResponse, claimed for this caller."""
+        job_id, call_id = str(job.id), job.call_id
+        while True:
+            note = await self.note(QUIET_SECONDS)
+            response: dict[str, Any] | None = None
+            if note is not None:
+                kind = note.get("type")
+                if kind == "job.progress" and note.get("call_id") == call_id:
+                    if on_progress is not None:
+                        await on_progress(_progress_of(note))
+                    continue
+                mine = note.get("call_id") == call_id or note.get("job_id") == job_id
+                if kind not in ("job.settled", "job.returned") or not mine:
+                    continue
+                response = note.get("response")
+            claimed = await database_sync_to_async(session_records.claim_response)(
+                job_id, base_url, response, inline_max_bytes=inline_max_bytes
+            )
+            if isinstance(claimed, dict):
+                return claimed
+            if claimed is session_records.NotClaimed.DELIVERED_ELSEWHERE:
+                # Nobody else answers this door's calls; a claim that raced a lookup.
+                found: dict[str, Any] | None = await database_sync_to_async(
+                    session_records.settled_response
+                )(job_id, base_url)
+                if found is not None:
+                    return found
+
+
+@contextlib.asynccontextmanager
+async def watching(session_id: str) -> AsyncIterator[CallWatch]:
+    """A CallWatch in the session's group, for as long as the block runs."""
+    layer: Any = get_channel_layer()
+    channel: str = await layer.new_channel("abp.call.")
+    group = session_group(session_id)
+    await layer.group_add(group, channel)
+    try:
+        yield CallWatch(session_id, channel)
+    finally:
+        await layer.group_discard(group, channel)
+
+
+async def cancel_for_caller(job: Job, source: CancelSource, reason: str = "") -> bool:
+    """Settle the caller's own call as cancelled, then stop the work; True if it won.
+
+    The caller answers at once (its response claimed in the same write); the
+    revoke finishes in the background.
+    """
+    job_id = str(job.id)
+    won: dict[str, bool] = await database_sync_to_async(cancellation.settle_cancelled)(
+        [job_id], source, reason, delivered=True
+    )
+    if won[job_id]:
+        revoke = await cancellation.stop_work_async(job_id)
+        _background(revoke)
+    return won[job_id]
+
+
+_pending: set[asyncio.Future[None]] = set()
+
+
+def _background(work: Awaitable[None]) -> None:
+    future = asyncio.ensure_future(work)
+    _pending.add(future)
+    future.add_done_callback(_pending.discard)
+
+
+def _progress_of(note: Note) -> Progress:
+    return Progress(
+        progress=float(note.get("progress") or 0),
+        total=note.get("total"),
+        stage=str(note.get("stage") or ""),
+        position=note.get("position"),
+    )

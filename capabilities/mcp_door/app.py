@@ -1,0 +1,140 @@
+"""/mcp on Daphne: an agent key first, then the MCP SDK's Streamable HTTP session manager.
+
+Daphne sends no ASGI lifespan events, and the session manager's `run()` must be
+entered once per process: the first request enters it, in a task that lives as
+long as the process. Sessions are stateful and answer with SSE streams, the only
+mode of this SDK that carries both progress and cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from capabilities.access import credentials
+from capabilities.access.principal import Principal
+from capabilities.mcp_door import server
+from capabilities.mcp_door.tool_calls import PRINCIPAL_SCOPE_KEY
+from capabilities.protocol.closes import REFUSAL_MESSAGES
+
+PATH = "/mcp"
+
+
+def transport_security() -> TransportSecuritySettings:
+    """DNS-rebinding and Origin checks from ALLOWED_HOSTS and ABP_ALLOWED_ORIGINS."""
+    hosts: list[str] = []
+    for host in settings.ALLOWED_HOSTS:
+        if host == "*":
+            return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        # The SDK matches Host exactly or `name:*`; Django's `.example.com` means the
+        # domain and its subdomains, of which only the domain can be listed here.
+        name = host.lstrip(".")
+        hosts += [name, f"{name}:*"]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=list(settings.ABP["ALLOWED_ORIGINS"]),
+    )
+
+
+class MCPDoor:
+    """The ASGI app served at /mcp."""
+
+    def __init__(self) -> None:
+        self._manager: StreamableHTTPSessionManager | None = None
+        self._running: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        principal, refused = await _authenticate(scope)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        assert principal is not None
+        scope[PRINCIPAL_SCOPE_KEY] = principal
+        # The session manager binds each session to the credential that opened it.
+        scope["user"] = AuthenticatedUser(
+            AccessToken(token="-", client_id=principal.rate_limit_id, scopes=[])
+        )
+        manager = await self._manager_running()
+        await manager.handle_request(scope, receive, send)
+
+    async def _manager_running(self) -> StreamableHTTPSessionManager:
+        if self._running is None:
+            self._manager = StreamableHTTPSessionManager(
+                app=server.build(),
+                json_response=False,
+                stateless=False,
+                security_settings=transport_security(),
+                max_request_body_size=int(settings.ABP["MAX_FRAME_BYTES"]),
+                session_idle_timeout=float(settings.ABP["MCP_SESSION_IDLE_SECONDS"]),
+            )
+            self._running = asyncio.get_running_loop().create_future()
+            self._task = asyncio.get_running_loop().create_task(self._serve(self._running))
+        await asyncio.shield(self._running)
+        assert self._manager is not None
+        return self._manager
+
+    async def _serve(self, running: asyncio.Future[None]) -> None:
+        assert self._manager is not None
+        try:
+            async with self._manager.run():
+                running.set_result(None)
+                await asyncio.Event().wait()  # as long as the process lives
+        except BaseException as exc:
+            if not running.done():
+                running.set_exception(exc)
+            raise
+
+
+async def _authenticate(scope: Scope) -> tuple[Principal | None, Response | None]:
+    """The caller, or the response refusing it (401 with why, as JSON-RPC)."""
+    try:
+        principal: Principal = await database_sync_to_async(credentials.authenticate)(scope)
+    except credentials.Refused as refused:
+        return None, _refusal(refused.reason)
+    if principal.kind == "page":
+        return None, _refusal("invalid-credentials")
+    return principal, None
+
+
+def _refusal(reason: str) -> Response:
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32001,
+            "message": REFUSAL_MESSAGES[reason],
+            "data": {"reason": reason},
+        },
+    }
+    return Response(
+        json.dumps(body),
+        status_code=401,
+        media_type="application/json",
+        headers={"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{reason}"'},
+    )
+
+
+def routed(mcp: MCPDoor, django: Any) -> Any:
+    """HTTP to /mcp goes to the MCP door, the rest to Django."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == PATH:
+            await mcp(scope, receive, send)
+        else:
+            await django(scope, receive, send)
+
+    return app

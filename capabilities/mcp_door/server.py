@@ -1,0 +1,35 @@
+"""The MCP server: tools from the registry, calls through the call service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+from channels.db import database_sync_to_async
+from django.conf import settings
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+
+from capabilities.calls import availability
+from capabilities.mcp_door import tool_calls, tools
+
+
+async def list_tools(
+    ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    """Every capability as a tool; `_meta["abp/available"]` false where no worker runs it."""
+    snapshot = await database_sync_to_async(availability.current)()
+    return types.ListToolsResult(tools=tools.tool_list(snapshot.states()))
+
+
+def build() -> Server[Any]:
+    """The low-level server of this process."""
+    abp = settings.ABP
+    return Server(
+        abp["APP_ID"],
+        version=abp["APP_VERSION"],
+        title=abp["APP_NAME"],
+        description=abp["APP_DESCRIPTION"],
+        on_list_tools=list_tools,
+        on_call_tool=tool_calls.call_tool,
+    )

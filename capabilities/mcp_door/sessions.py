@@ -1,0 +1,94 @@
+"""An MCP session's row: its jobs belong to a session, as an ABP connection's do.
+
+A stateful MCP session (2025 handshake era) gets one `AgentSession` (door MCP),
+with the MCP session id as its id, made on its first tool call and ended with
+it (DELETE, the idle timeout, shutdown): its calls still running are then
+cancelled with source disconnect. While it lives, this Daphne keeps it seen, so
+the reaper leaves it alone. A session-less request (2026-07-28) gets a row of its
+own for its one call.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from channels.db import database_sync_to_async
+from mcp.server.context import ServerRequestContext
+
+from capabilities.access.principal import Principal
+from capabilities.calls import budgets, cancellation, held_sessions, session_records
+from capabilities.mcp_door import sdk_seams
+from capabilities.models import ACTIVE_STATUSES, AgentSession, CancelSource, Door, Job
+
+logger = logging.getLogger(__name__)
+
+ENDED_REASON = "MCP session ended"
+_open: set[str] = set()
+
+
+async def session_for(
+    ctx: ServerRequestContext[Any, Any], principal: Principal
+) -> tuple[str, bool]:
+    """The session row of this request's MCP session, and whether it is this call's own.
+
+    OverBudget (RATE_LIMITED) if the principal has its most sessions open.
+    """
+    connection = sdk_seams.connection_of(ctx)
+    mcp_session_id = connection.session_id if connection is not None else None
+    if mcp_session_id is None or connection is None:
+        session_id = str(uuid.uuid4())
+        await database_sync_to_async(_create)(session_id, ctx, principal)
+        return session_id, True
+    session_id = str(uuid.UUID(hex=mcp_session_id))
+    if session_id not in _open:
+        await database_sync_to_async(_create)(session_id, ctx, principal)
+        _open.add(session_id)
+        held_sessions.hold(_holder(session_id), session_id)
+
+        async def end() -> None:
+            await end_session(session_id)
+
+        connection.exit_stack.push_async_callback(end)
+    return session_id, False
+
+
+async def end_session(session_id: str) -> None:
+    """The MCP session is over: cancel what still runs, and record the end."""
+    _open.discard(session_id)
+    held_sessions.release(_holder(session_id))
+    await database_sync_to_async(_end)(session_id)
+
+
+def _holder(session_id: str) -> str:
+    return f"mcp:{session_id}"
+
+
+def _create(session_id: str, ctx: ServerRequestContext[Any, Any], principal: Principal) -> None:
+    if AgentSession.objects.filter(pk=session_id).exists():
+        return
+    budgets.refuse_another_session(principal)
+    client = ctx.session.client_params.client_info if ctx.session.client_params else None
+    request = ctx.request
+    headers = getattr(request, "headers", {}) or {}
+    AgentSession.objects.create(
+        id=session_id,
+        door=Door.MCP,
+        agent_name=(client.name if client else "")[:200],
+        agent_version=(client.version if client else "")[:100],
+        protocol_version=ctx.protocol_version[:20],
+        origin=str(headers.get("origin", ""))[:300],
+        agent_key=principal.key,
+        auth=principal.kind,
+        client_address=principal.client_address[:100],
+        principal=principal.rate_limit_id[:120],
+    )
+
+
+def _end(session_id: str) -> None:
+    session_records.close_session(session_id, ENDED_REASON)
+    active = Job.objects.filter(session_id=uuid.UUID(session_id), status__in=ACTIVE_STATUSES)
+    for job_id in active.values_list("id", flat=True):
+        cancellation.cancel(job_id, source=CancelSource.DISCONNECT, reason=ENDED_REASON)
+    logger.info("MCP session %s ended", session_id)

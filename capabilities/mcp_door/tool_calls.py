@@ -1,0 +1,166 @@
+"""`tools/call`: one job through the call service, waited on, cancelled with the request.
+
+The call service starts the job (every limit checked first); the watcher hears
+its progress and its settle. A request the client cancels (`notifications/cancelled`,
+a client timeout, or on 2026-07-28 a closed stream) is cancelled through the same
+pipeline as an ABP cancel, source agent: settled first, then the abort flag and
+the revoke. A request cut short because its MCP session ended is cancelled with
+source disconnect. A call past its deadline is settled as a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import anyio
+import mcp_types as types
+from django.conf import settings
+from django.utils import timezone
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from capabilities.access.principal import Principal
+from capabilities.calls import budgets, call_watch, start
+from capabilities.mcp_door import sdk_seams, sessions, tools
+from capabilities.models import CancelSource, Job
+from capabilities.protocol import responses
+from capabilities.work import registry
+
+logger = logging.getLogger(__name__)
+
+PRINCIPAL_SCOPE_KEY = "abp.principal"
+
+
+async def call_tool(
+    ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
+    """Run the capability named by the tool; its result, or its error with isError."""
+    if registry.get(params.name) is None:
+        raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+    principal = principal_of(ctx)
+    try:
+        session_id, own_session = await sessions.session_for(ctx, principal)
+    except budgets.OverBudget as over:
+        return tools.refusal_result(over.error)
+    try:
+        return await _run(ctx, params, principal, session_id)
+    finally:
+        if own_session:
+            with anyio.CancelScope(shield=True):
+                await sessions.end_session(session_id)
+
+
+async def _run(
+    ctx: ServerRequestContext[Any, Any],
+    params: types.CallToolRequestParams,
+    principal: Principal,
+    session_id: str,
+) -> types.CallToolResult:
+    token = progress_token_of(ctx)
+    request = start.CallRequest(
+        session_id=session_id,
+        call_id=str(uuid.uuid4()),
+        request_id=str(ctx.request_id),
+        capability=params.name,
+        params=dict(params.arguments or {}),
+        timeout_ms=None,
+        progress_token=token,
+        notify_started=False,
+    )
+    reported = _Reported(ctx)
+    async with call_watch.watching(session_id) as watch:
+        try:
+            job = await start.start(principal, request)
+        except start.CallRefused as refused:
+            return tools.refusal_result(refused.error)
+        try:
+            with anyio.fail_after(_seconds_left(job)):
+                response = await watch.outcome(
+                    job,
+                    base_url=_base_url(ctx),
+                    inline_max_bytes=tools.INLINE_MAX_BYTES,
+                    on_progress=reported.send if token is not None else None,
+                )
+        except TimeoutError:
+            response = await _ended_by_us(watch, job, CancelSource.TIMEOUT, ctx)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                source = _cancel_source(ctx)
+                await call_watch.cancel_for_caller(job, source, "MCP request cancelled")
+            raise
+    return tools.tool_result(response)
+
+
+async def _ended_by_us(
+    watch: call_watch.CallWatch,
+    job: Job,
+    source: CancelSource,
+    ctx: ServerRequestContext[Any, Any],
+) -> dict[str, Any]:
+    """Settle the call as cancelled by `source`; if it settled first, its own outcome."""
+    if await call_watch.cancel_for_caller(job, source, "deadline passed"):
+        elapsed = int((timezone.now() - job.created_at).total_seconds() * 1000)
+        error = responses.cancelled_error(source)
+        return responses.failed(job.call_id, error, elapsed, cancelled=True)
+    return await watch.outcome(
+        job, base_url=_base_url(ctx), inline_max_bytes=tools.INLINE_MAX_BYTES
+    )
+
+
+def _cancel_source(ctx: ServerRequestContext[Any, Any]) -> CancelSource:
+    # On 2026-07-28 the client cancels by closing the call's stream; on the 2025
+    # wire a cancel is a notification, and anything else ending the request is
+    # its session ending.
+    modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+    return (
+        CancelSource.AGENT if modern or sdk_seams.peer_cancelled(ctx) else CancelSource.DISCONNECT
+    )
+
+
+def _seconds_left(job: Job) -> float:
+    assert job.deadline is not None
+    return max(0.0, (job.deadline - timezone.now()).total_seconds())
+
+
+class _Reported:
+    """Progress to the client: strictly increasing values (MCP requires it), stage as message."""
+
+    def __init__(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        self._ctx = ctx
+        self._last: float | None = None
+
+    async def send(self, progress: call_watch.Progress) -> None:
+        if self._last is not None and progress.progress <= self._last:
+            return
+        self._last = progress.progress
+        message = progress.stage
+        if progress.position is not None:
+            message = f"queued, position {progress.position}"
+        await self._ctx.session.report_progress(progress.progress, progress.total, message or None)
+
+
+def principal_of(ctx: ServerRequestContext[Any, Any]) -> Principal:
+    """Who made the request (set by the door's authentication, capabilities/mcp_door/app.py)."""
+    scope = getattr(ctx.request, "scope", None) or {}
+    principal = scope.get(PRINCIPAL_SCOPE_KEY)
+    if not isinstance(principal, Principal):
+        raise MCPError(types.INTERNAL_ERROR, "The request was not authenticated.")
+    return principal
+
+
+def progress_token_of(ctx: ServerRequestContext[Any, Any]) -> str | int | None:
+    """The request's `_meta.progressToken`, if the client asked for progress."""
+    meta: Any = ctx.meta or {}
+    token = meta.get("progress_token", meta.get("progressToken"))
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+def _base_url(ctx: ServerRequestContext[Any, Any]) -> str:
+    configured: str = settings.ABP["PUBLIC_BASE_URL"]
+    if configured:
+        return configured
+    url = getattr(ctx.request, "base_url", None)
+    return str(url).rstrip("/") if url is not None else ""
