@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from datetime import timedelta
 
 from django.utils import timezone
 
@@ -82,9 +83,17 @@ def find_key(presented: str) -> AgentKey | None:
     return key
 
 
+# `last_used_at` is for the admin: to the minute is enough, and MCP authenticates every
+# request, so the write is skipped while the recorded use is this recent.
+USE_RECORDED_WITHIN = timedelta(minutes=1)
+
+
 def record_use(key: AgentKey) -> None:
-    """Note when the key last opened a connection (for the admin)."""
-    AgentKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+    """Note when the key was last used (for the admin), at most once a minute."""
+    now = timezone.now()
+    if key.last_used_at is not None and now - key.last_used_at < USE_RECORDED_WITHIN:
+        return
+    AgentKey.objects.filter(pk=key.pk).update(last_used_at=now)
 
 
 def key_group(prefix: str) -> str:
