@@ -417,3 +417,24 @@ def test_mcp_jobs_show_in_the_admin_marked_with_their_door(stack: Stack) -> None
     assert job.call_id in listing.content.decode()
     page = staff.get(reverse("admin:capabilities_job_change", args=[job.pk]))
     assert ">MCP<" in page.content.decode()
+
+
+def test_binary_results_are_inline_up_to_512_kib_then_a_signed_download_url(
+    stack: Stack,
+) -> None:
+    found: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with official_client(url_of(stack), mode="legacy") as client:
+            for size in (100_000, 600_000):
+                params = {"steps": 0, "fileBytes": size}
+                found[size] = await client.call_tool("test.sleep", params)
+
+    run(scenario)
+    small = found[100_000].structured_content["file"]
+    assert (small["encoding"], small["size"]) == ("base64", 100_000)
+    large = found[600_000].structured_content["file"]
+    assert "content" not in large
+    assert large["size"] == 600_000
+    with urllib.request.urlopen(large["downloadUrl"], timeout=10) as response:
+        assert len(response.read()) == 600_000
