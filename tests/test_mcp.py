@@ -69,6 +69,12 @@ def _aware(timestamp: float) -> Any:
     return datetime.fromtimestamp(timestamp, tz=UTC)
 
 
+def settled(capability: str, since: float) -> Job | None:
+    """The newest MCP job of the capability since `since`, once it has settled."""
+    job = newest_job(capability, since)
+    return job if job is not None and not job.is_active else None
+
+
 def stopped(job_id: uuid.UUID) -> Job | None:
     return Job.objects.filter(pk=job_id, stopped_at__isnull=False).first()
 
@@ -163,21 +169,22 @@ def test_a_long_export_cancelled_after_its_first_layout_progress_stops_at_once(
             if message == "layout":
                 layout.set()
 
-        async with (
-            official_client(url_of(stack), mode=mode) as client,
-            anyio.create_task_group() as group,
-        ):
+        async with official_client(url_of(stack), mode=mode) as client:
+            async with anyio.create_task_group() as group:
 
-            async def call() -> None:
-                outcome["result"] = await client.call_tool(
-                    "export.pdf", {"html": PAGES}, progress_callback=on_progress
-                )
+                async def call() -> None:
+                    outcome["result"] = await client.call_tool(
+                        "export.pdf", {"html": PAGES}, progress_callback=on_progress
+                    )
 
-            group.start_soon(call)
-            with anyio.fail_after(60):
-                await layout.wait()
-            outcome["cancelled_at"] = time.time()
-            group.cancel_scope.cancel()
+                group.start_soon(call)
+                with anyio.fail_after(60):
+                    await layout.wait()
+                outcome["cancelled_at"] = time.time()
+                group.cancel_scope.cancel()
+            # The session stays open until the cancel has landed: closing it at once
+            # would race the cancel with the session's end (a disconnect).
+            await _eventually_async(lambda: settled("export.pdf", since))
 
     run(scenario)
     assert "result" not in outcome  # no result reached the client
@@ -199,6 +206,7 @@ def test_a_client_timeout_cancels_the_job(stack: Stack, mode: str) -> None:
         async with official_client(url_of(stack), mode=mode) as client:
             with pytest.raises(MCPError):
                 await client.call_tool("test.sleep", LONG, read_timeout_seconds=1)
+            await _eventually_async(lambda: settled("test.sleep", since))
 
     run(scenario)
     job = eventually(lambda: newest_job("test.sleep", since))
@@ -312,7 +320,9 @@ def test_ending_the_mcp_session_cancels_its_running_calls_as_a_disconnect(stack:
         lambda: Job.objects.filter(session_id=session_id, stopped_at__isnull=False).first()
     )
     assert (job.status, job.cancel_source) == (JobStatus.CANCELLED, CancelSource.DISCONNECT)
-    row = AgentSession.objects.get(pk=session_id)
+    row = eventually(
+        lambda: AgentSession.objects.filter(pk=session_id, closed_at__isnull=False).first()
+    )
     assert row.door == Door.MCP
     assert row.closed_at is not None
 
@@ -422,7 +432,7 @@ def test_mcp_jobs_show_in_the_admin_marked_with_their_door(stack: Stack) -> None
 def test_binary_results_are_inline_up_to_512_kib_then_a_signed_download_url(
     stack: Stack,
 ) -> None:
-    found: dict[str, Any] = {}
+    found: dict[int, Any] = {}
 
     async def scenario() -> None:
         async with official_client(url_of(stack), mode="legacy") as client:

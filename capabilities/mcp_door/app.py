@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from capabilities.access import credentials
 from capabilities.access.principal import Principal
-from capabilities.mcp_door import server
+from capabilities.mcp_door import server, sessions
 from capabilities.mcp_door.tool_calls import PRINCIPAL_SCOPE_KEY
 from capabilities.protocol.closes import REFUSAL_MESSAGES
 
@@ -68,6 +68,10 @@ class MCPDoor:
         scope["user"] = AuthenticatedUser(
             AccessToken(token="-", client_id=principal.rate_limit_id, scopes=[])
         )
+        if scope["method"] == "DELETE":
+            ending = dict(scope["headers"]).get(b"mcp-session-id")
+            if ending:
+                sessions.mark_ending(ending.decode("latin-1"))
         manager = await self._manager_running()
         await manager.handle_request(scope, receive, send)
 

@@ -11,7 +11,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
 from capabilities.calls import availability
-from capabilities.mcp_door import tool_calls, tools
+from capabilities.mcp_door import tasks, tool_calls, tools
 
 
 async def list_tools(
@@ -25,7 +25,7 @@ async def list_tools(
 def build() -> Server[Any]:
     """The low-level server of this process."""
     abp = settings.ABP
-    return Server(
+    server: Server[Any] = Server(
         abp["APP_ID"],
         version=abp["APP_VERSION"],
         title=abp["APP_NAME"],
@@ -33,3 +33,5 @@ def build() -> Server[Any]:
         on_list_tools=list_tools,
         on_call_tool=tool_calls.call_tool,
     )
+    tasks.register(server)
+    return server

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 ENDED_REASON = "MCP session ended"
 _open: set[str] = set()
+# Sessions a client is deleting: their calls cut short are disconnects, not cancels.
+_ending: set[str] = set()
 
 
 async def session_for(
@@ -36,12 +38,11 @@ async def session_for(
     OverBudget (RATE_LIMITED) if the principal has its most sessions open.
     """
     connection = sdk_seams.connection_of(ctx)
-    mcp_session_id = connection.session_id if connection is not None else None
-    if mcp_session_id is None or connection is None:
+    session_id = session_id_of(ctx)
+    if session_id is None or connection is None:
         session_id = str(uuid.uuid4())
         await database_sync_to_async(_create)(session_id, ctx, principal)
         return session_id, True
-    session_id = str(uuid.UUID(hex=mcp_session_id))
     if session_id not in _open:
         await database_sync_to_async(_create)(session_id, ctx, principal)
         _open.add(session_id)
@@ -54,9 +55,31 @@ async def session_for(
     return session_id, False
 
 
+def session_id_of(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The session row id of this request's MCP session; None without one (2026-07-28)."""
+    connection = sdk_seams.connection_of(ctx)
+    if connection is None or connection.session_id is None:
+        return None
+    return str(uuid.UUID(hex=connection.session_id))
+
+
+def mark_ending(mcp_session_id: str) -> None:
+    """A DELETE for this MCP session arrived (before the SDK ends it)."""
+    try:
+        _ending.add(str(uuid.UUID(hex=mcp_session_id)))
+    except ValueError:
+        return
+
+
+def is_ending(session_id: str) -> bool:
+    """Whether the session's client is ending it (DELETE)."""
+    return session_id in _ending
+
+
 async def end_session(session_id: str) -> None:
     """The MCP session is over: cancel what still runs, and record the end."""
     _open.discard(session_id)
+    _ending.discard(session_id)
     held_sessions.release(_holder(session_id))
     await database_sync_to_async(_end)(session_id)
 

@@ -20,11 +20,10 @@ from django.conf import settings
 from django.utils import timezone
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from capabilities.access.principal import Principal
 from capabilities.calls import budgets, call_watch, start
-from capabilities.mcp_door import sdk_seams, sessions, tools
+from capabilities.mcp_door import sessions, tools
 from capabilities.models import CancelSource, Job
 from capabilities.protocol import responses
 from capabilities.work import registry
@@ -80,7 +79,7 @@ async def _run(
             with anyio.fail_after(_seconds_left(job)):
                 response = await watch.outcome(
                     job,
-                    base_url=_base_url(ctx),
+                    base_url=base_url(ctx),
                     inline_max_bytes=tools.INLINE_MAX_BYTES,
                     on_progress=reported.send if token is not None else None,
                 )
@@ -88,7 +87,7 @@ async def _run(
             response = await _ended_by_us(watch, job, CancelSource.TIMEOUT, ctx)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                source = _cancel_source(ctx)
+                source = _cancel_source(session_id)
                 await call_watch.cancel_for_caller(job, source, "MCP request cancelled")
             raise
     return tools.tool_result(response)
@@ -105,19 +104,15 @@ async def _ended_by_us(
         elapsed = int((timezone.now() - job.created_at).total_seconds() * 1000)
         error = responses.cancelled_error(source)
         return responses.failed(job.call_id, error, elapsed, cancelled=True)
-    return await watch.outcome(
-        job, base_url=_base_url(ctx), inline_max_bytes=tools.INLINE_MAX_BYTES
-    )
+    return await watch.outcome(job, base_url=base_url(ctx), inline_max_bytes=tools.INLINE_MAX_BYTES)
 
 
-def _cancel_source(ctx: ServerRequestContext[Any, Any]) -> CancelSource:
-    # On 2026-07-28 the client cancels by closing the call's stream; on the 2025
-    # wire a cancel is a notification, and anything else ending the request is
-    # its session ending.
-    modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-    return (
-        CancelSource.AGENT if modern or sdk_seams.peer_cancelled(ctx) else CancelSource.DISCONNECT
-    )
+def _cancel_source(session_id: str) -> CancelSource:
+    # Whatever else ends a call's request is the client letting go of it: a
+    # `notifications/cancelled`, a client timeout, a closed stream (the 2026 way to
+    # cancel). Only a DELETE of its session makes it a disconnect; an idle session
+    # has no call in flight.
+    return CancelSource.DISCONNECT if sessions.is_ending(session_id) else CancelSource.AGENT
 
 
 def _seconds_left(job: Job) -> float:
@@ -158,7 +153,8 @@ def progress_token_of(ctx: ServerRequestContext[Any, Any]) -> str | int | None:
     return token if isinstance(token, str | int) and not isinstance(token, bool) else None
 
 
-def _base_url(ctx: ServerRequestContext[Any, Any]) -> str:
+def base_url(ctx: ServerRequestContext[Any, Any]) -> str:
+    """Where download URLs start: PUBLIC_BASE_URL, else this request's own base."""
     configured: str = settings.ABP["PUBLIC_BASE_URL"]
     if configured:
         return configured

@@ -32,6 +32,8 @@ def _tool(entry: dict[str, Any], available: bool) -> types.Tool:
         description=description,
         input_schema=entry["inputSchema"],
         output_schema=entry["outputSchema"],
+        # Any tool may run as a task (2025-11-25; the 2026 wire drops the field).
+        execution=types.ToolExecution(task_support="optional"),
         _meta={AVAILABLE_META: available, "abp/timeout": entry["timeout"]},
     )
 

@@ -1,0 +1,165 @@
+"""/mcp driven by the official MCP TypeScript SDK (tests/mcp_typescript/, run by node).
+
+Each script opens its own MCP session, prints one JSON report and holds the
+session until its standard input closes; the test reads the jobs meanwhile, so
+the session's end cannot race the cancel the test looks at. The node packages come
+from the committed lock file (`make test` runs `npm ci`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
+from tests.support.stack import Stack
+from tests.support.waiting import eventually
+
+PACKAGE = Path(__file__).parent / "mcp_typescript"
+# A job cancelled while it runs stops at its next checkpoint (every 20 ms here).
+STOPPED_WITHIN = 3.0
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """The node binary; a missing one skips these tests, except under CI."""
+    found = shutil.which("node")
+    if found is None:
+        message = "node is not on PATH (Debian's nodejs package provides it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    if not (PACKAGE / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        pytest.fail(f"no node packages in {PACKAGE}: `make test` runs `npm ci` there")
+    return found
+
+
+@contextmanager
+def mcp_client(node: str, stack: Stack, script: str, *args: str) -> Iterator[dict[str, Any]]:
+    """Run a script; its report, while it holds its session (ended on the way out)."""
+    with subprocess.Popen(
+        [node, script, *args],
+        cwd=PACKAGE,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            "ABP_MCP_URL": f"{stack.http_url}/mcp",
+            "ABP_AGENT_KEY": os.environ["ABP_TEST_AGENT_KEY"],
+        },
+    ) as process:
+        assert process.stdout is not None
+        try:
+            # The script's watchdog ends it within a minute: this read cannot hang.
+            line = process.stdout.readline()
+            if not line:
+                _, stderr = process.communicate(timeout=10)
+                pytest.fail(f"{script} reported nothing (exit {process.returncode}):\n{stderr}")
+            yield json.loads(line)
+            # Its standard input closed, the script ends its session (DELETE /mcp).
+            _, stderr = process.communicate(timeout=30)
+            assert process.returncode == 0, f"{script} exited {process.returncode}:\n{stderr}"
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+def jobs_of(report: dict[str, Any]) -> list[Job]:
+    """The jobs of the script's MCP session, oldest first."""
+    session_id = uuid.UUID(hex=report["sessionId"])
+    return list(Job.objects.filter(session_id=session_id).order_by("created_at"))
+
+
+def stopped_by_agent_cancel(report: dict[str, Any]) -> Job:
+    """The session's one job, once cancelled by the agent and stopped by its worker."""
+
+    def probe() -> Job | None:
+        jobs = jobs_of(report)
+        assert len(jobs) == 1
+        return jobs[0] if jobs[0].stopped_at is not None else None
+
+    job = eventually(probe, timeout=STOPPED_WITHIN)
+    assert job.status == JobStatus.CANCELLED
+    assert job.cancel_source == CancelSource.AGENT
+    return job
+
+
+def session_ended(report: dict[str, Any]) -> AgentSession:
+    """The script's session row, once DELETE /mcp has ended it."""
+    session_id = uuid.UUID(hex=report["sessionId"])
+    return eventually(
+        AgentSession.objects.filter(pk=session_id, closed_at__isnull=False).first, timeout=5
+    )
+
+
+def test_tools_are_listed_and_a_markdown_call_returns_structured_html(
+    node: str, stack: Stack
+) -> None:
+    with mcp_client(node, stack, "list_and_call.mjs") as report:
+        [job] = jobs_of(report)
+
+    names = [tool["name"] for tool in report["tools"]]
+    assert {"convert.markdownToHtml", "export.pdf", "process.image", "test.sleep"} <= set(names)
+    assert all(tool["hasInputSchema"] for tool in report["tools"])
+    assert all(isinstance(tool["available"], bool) for tool in report["tools"])
+    result = report["result"]
+    assert result["isError"] is False
+    assert "<h1>Hello</h1>" in result["structuredContent"]["html"]
+    assert "<em>TypeScript</em>" in result["structuredContent"]["html"]
+    assert job.capability == "convert.markdownToHtml"
+    assert job.status == JobStatus.SUCCEEDED
+    session = session_ended(report)
+    assert session.door == Door.MCP
+    assert session.agent_name == "abp-mcp-typescript-tests"
+
+
+def test_an_abort_after_the_first_progress_cancels_the_job(node: str, stack: Stack) -> None:
+    with mcp_client(node, stack, "abort_on_progress.mjs") as report:
+        job = stopped_by_agent_cancel(report)
+
+    assert "resolved" not in report
+    assert "the user pressed stop" in report["rejected"]["message"]
+    assert len(report["progress"]) >= 1
+    assert report["progress"][0]["total"] == 500
+    # Stopped at a checkpoint, long before the call's 10 s of work.
+    assert job.started_at is not None
+    assert job.stopped_at is not None
+    assert (job.stopped_at - job.started_at).total_seconds() < STOPPED_WITHIN
+    assert report["elapsedMs"] < 10_000
+    session_ended(report)
+
+
+def test_progress_resets_the_timeout_when_asked(node: str, stack: Stack) -> None:
+    with mcp_client(node, stack, "timeout_with_progress.mjs", "reset") as report:
+        [job] = jobs_of(report)
+
+    assert "rejected" not in report, report["rejected"]
+    assert report["resolved"]["structuredContent"]["steps"] == 20
+    assert report["elapsedMs"] >= 2000
+    assert len(report["progress"]) >= 10
+    assert job.status == JobStatus.SUCCEEDED
+
+
+def test_without_reset_the_timeout_cancels_the_job(node: str, stack: Stack) -> None:
+    with mcp_client(node, stack, "timeout_with_progress.mjs") as report:
+        job = stopped_by_agent_cancel(report)
+
+    assert "resolved" not in report
+    # McpError RequestTimeout (-32001), raised by the SDK's own timer.
+    assert report["rejected"]["code"] == -32001
+    assert "timed out" in report["rejected"]["message"]
+    # Well before the call's 2 s of work.
+    assert report["elapsedMs"] < 2000
+    assert len(report["progress"]) < 20
+    assert job.settled_at is not None
