@@ -163,3 +163,20 @@ def test_without_reset_the_timeout_cancels_the_job(node: str, stack: Stack) -> N
     assert report["elapsedMs"] < 2000
     assert len(report["progress"]) < 20
     assert job.settled_at is not None
+
+
+def test_the_experimental_tasks_client_cancels_a_task_with_tasks_cancel(
+    node: str, stack: Stack
+) -> None:
+    with mcp_client(node, stack, "tasks_cancel.mjs") as report:
+        job = Job.objects.get(pk=uuid.UUID(report["taskId"]))
+        # tasks/cancel answered once the job was settled: read right after, it is.
+        assert report["cancelled"]["status"] == "cancelled"
+        assert report["afterCancel"]["status"] == "cancelled"
+        assert (job.status, job.cancel_source) == (JobStatus.CANCELLED, CancelSource.AGENT)
+        done = eventually(lambda: Job.objects.filter(pk=job.pk, stopped_at__isnull=False).first())
+
+    assert done.stopped_at is not None
+    # A cancelled task stays cancelled: cancelling it again is -32602.
+    assert report["secondCancel"]["rejected"]["code"] == -32602
+    assert report["messages"][0]["type"] == "taskCreated"
