@@ -62,8 +62,9 @@ def current() -> Snapshot:
 def unavailable(capability: str) -> WireError | None:
     """CAPABILITY_UNAVAILABLE if no live worker consumes the capability's queue."""
     name = queue.queue_for(capability)
-    # A refusal reads Redis afresh: a worker that just came up is never missed.
-    if name in current().queues or name in refresh().queues:
+    # A refusal reads Redis afresh: a worker that just came up is never missed, and
+    # a Redis that just lost its data refuses nothing (the call waits for a worker).
+    if name in current().queues or name in refresh().queues or workers.registry_lost():
         return None
     wait_ms = int(settings.ABP["UNAVAILABLE_RETRY_AFTER_MS"])
     return WireError(

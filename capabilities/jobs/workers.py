@@ -76,6 +76,9 @@ def announce(worker: LiveWorker) -> None:
         px=int(settings.ABP["WORKER_TTL_SECONDS"] * 1000),
     )
     pipe.sadd(_index(), worker.hostname)
+    # Without a TTL: its absence means this Redis lost its data (a restart without
+    # persistence) and the workers have not announced themselves to it yet.
+    pipe.set(_marker(), b"1")
     pipe.execute()
 
 
@@ -88,14 +91,24 @@ def withdraw(hostname: str) -> None:
 
 
 _seen: tuple[float, list[LiveWorker]] | None = None
+_registry_lost = False
 
 
 def live_workers() -> list[LiveWorker]:
     """Every worker whose key has not expired, by hostname (read now)."""
-    global _seen  # noqa: PLW0603 - the process's last reading, replaced whole
-    found = _read()
+    global _seen, _registry_lost  # noqa: PLW0603 - the process's last reading, replaced whole
+    found, _registry_lost = _read()
     _seen = (time.monotonic(), found)
     return found
+
+
+def registry_lost() -> bool:
+    """Whether the last reading found Redis without any announcement (restarted, empty).
+
+    Then nobody knows which workers live until they announce themselves again
+    (within WORKER_ANNOUNCE_SECONDS): absence of workers proves nothing.
+    """
+    return _registry_lost
 
 
 def recent() -> list[LiveWorker]:
@@ -112,11 +125,19 @@ def last_seen() -> list[LiveWorker] | None:
     return None if seen is None else seen[1]
 
 
-def _read() -> list[LiveWorker]:
+def _marker() -> str:
+    return f"{_prefix()}announced"
+
+
+def _read() -> tuple[list[LiveWorker], bool]:
     client = redis_pool.sync_client()
-    names = sorted(_text(name) for name in client.smembers(_index()))
+    pipe = client.pipeline(transaction=False)
+    pipe.smembers(_index())
+    pipe.exists(_marker())
+    members, marked = pipe.execute()
+    names = sorted(_text(name) for name in members)
     if not names:
-        return []
+        return [], not marked
     values = client.mget([f"{_prefix()}{name}" for name in names])
     found: list[LiveWorker] = []
     gone: list[str] = []
@@ -127,7 +148,7 @@ def _read() -> list[LiveWorker]:
         found.append(LiveWorker.from_json(json.loads(value)))
     if gone:
         client.srem(_index(), *gone)
-    return found
+    return found, False
 
 
 def _text(value: bytes | str) -> str:
