@@ -26,7 +26,7 @@ from capabilities.models import AgentKey, AgentSession, CancelSource, Door, Job,
 from tests.support.admin_clients import client_for
 from tests.support.mcp_clients import RawSession, official_client, suite_key
 from tests.support.stack import Stack
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.usefixtures("database")
 
@@ -184,7 +184,7 @@ def test_a_long_export_cancelled_after_its_first_layout_progress_stops_at_once(
                 group.cancel_scope.cancel()
             # The session stays open until the cancel has landed: closing it at once
             # would race the cancel with the session's end (a disconnect).
-            await _eventually_async(lambda: settled("export.pdf", since))
+            await eventually_async(lambda: settled("export.pdf", since))
 
     run(scenario)
     assert "result" not in outcome  # no result reached the client
@@ -206,7 +206,7 @@ def test_a_client_timeout_cancels_the_job(stack: Stack, mode: str) -> None:
         async with official_client(url_of(stack), mode=mode) as client:
             with pytest.raises(MCPError):
                 await client.call_tool("test.sleep", LONG, read_timeout_seconds=1)
-            await _eventually_async(lambda: settled("test.sleep", since))
+            await eventually_async(lambda: settled("test.sleep", since))
 
     run(scenario)
     job = eventually(lambda: newest_job("test.sleep", since))
@@ -228,7 +228,7 @@ def test_an_operators_cancel_reaches_the_mcp_client_as_an_error_result(stack: St
                 found["result"] = await client.call_tool("test.sleep", LONG)
 
             group.start_soon(call)
-            job = await _eventually_async(lambda: newest_job("test.sleep", since))
+            job = await eventually_async(lambda: newest_job("test.sleep", since))
             await anyio.to_thread.run_sync(
                 lambda: cancellation.cancel(job.id, source=CancelSource.OPERATOR)
             )
@@ -237,15 +237,6 @@ def test_an_operators_cancel_reaches_the_mcp_client_as_an_error_result(stack: St
     result = found["result"]
     assert result.is_error is True
     assert result.structured_content["error"]["code"] == "CANCELLED"
-
-
-async def _eventually_async(probe: Callable[[], Job | None]) -> Job:
-    with anyio.fail_after(10):
-        while True:
-            found = await anyio.to_thread.run_sync(probe)
-            if found is not None:
-                return found
-            await anyio.sleep(0.02)
 
 
 # -- the 2025 wire, raw ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from mcp.shared.exceptions import MCPError
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.mcp_clients import RawSession, official_client, suite_key
 from tests.support.stack import Stack
+from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.usefixtures("database")
 
@@ -68,16 +69,6 @@ async def create(session: RawSession, arguments: dict[str, Any], **task: Any) ->
     answer = await rpc(session, "tools/call", params)
     created: dict[str, Any] = answer["result"]["task"]
     return created
-
-
-async def row(probe: Callable[[], Job | None]) -> Job:
-    """The first job `probe` finds, within ten seconds."""
-    with anyio.fail_after(10):
-        while True:
-            found = await anyio.to_thread.run_sync(probe)
-            if found is not None:
-                return found
-            await anyio.sleep(0.02)
 
 
 def retention_ms() -> int:
@@ -129,11 +120,13 @@ def test_a_cancelled_task_is_cancelled_before_the_answer_and_stays_cancelled(
         task_id = task["taskId"]
         found["created"] = task
         # Running after the request that created it has ended.
-        await row(Job.objects.filter(pk=task_id, status=JobStatus.RUNNING).first)
+        await eventually_async(Job.objects.filter(pk=task_id, status=JobStatus.RUNNING).first)
         found["working"] = await rpc(session, "tasks/get", {"taskId": task_id})
         found["cancel"] = await rpc(session, "tasks/cancel", {"taskId": task_id})
         found["row"] = await anyio.to_thread.run_sync(lambda: Job.objects.get(pk=task_id))
-        found["stopped"] = await row(Job.objects.filter(pk=task_id, stopped_at__isnull=False).first)
+        found["stopped"] = await eventually_async(
+            Job.objects.filter(pk=task_id, stopped_at__isnull=False).first
+        )
         found["after"] = await rpc(session, "tasks/get", {"taskId": task_id})
         found["again"] = await rpc(session, "tasks/cancel", {"taskId": task_id})
         found["result"] = await rpc(session, "tasks/result", {"taskId": task_id})
@@ -231,9 +224,11 @@ def test_ending_the_session_cancels_its_tasks_as_a_disconnect(stack: Stack) -> N
 
     async def scenario(session: RawSession) -> None:
         task_id = (await create(session, LONG))["taskId"]
-        await row(Job.objects.filter(pk=task_id, status=JobStatus.RUNNING).first)
+        await eventually_async(Job.objects.filter(pk=task_id, status=JobStatus.RUNNING).first)
         await session.close()
-        found["job"] = await row(Job.objects.filter(pk=task_id, stopped_at__isnull=False).first)
+        found["job"] = await eventually_async(
+            Job.objects.filter(pk=task_id, stopped_at__isnull=False).first
+        )
 
     raw(stack, scenario)
     job = found["job"]

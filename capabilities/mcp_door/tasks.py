@@ -102,16 +102,8 @@ async def start_task(ctx: ServerRequestContext[Any, Any]) -> types.CreateTaskRes
         session_id, _ = await sessions.session_for(ctx, principal)
     except budgets.OverBudget as over:
         raise _refused(over.error) from None
-    request = start.CallRequest(
-        session_id=session_id,
-        call_id=task_rows.new_call_id(_ttl_granted(params.task)),
-        request_id=str(ctx.request_id),
-        capability=params.name,
-        params=dict(params.arguments or {}),
-        timeout_ms=None,
-        progress_token=None,
-        notify_started=False,
-    )
+    call_id = task_rows.new_call_id(_ttl_granted(params.task))
+    request = tool_calls.call_request(ctx, params, session_id, call_id=call_id, progress=None)
     try:
         job = await start.start(principal, request)
     except start.CallRefused as refused:

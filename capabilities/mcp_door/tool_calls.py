@@ -59,16 +59,7 @@ async def _run(
     session_id: str,
 ) -> types.CallToolResult:
     token = progress_token_of(ctx)
-    request = start.CallRequest(
-        session_id=session_id,
-        call_id=str(uuid.uuid4()),
-        request_id=str(ctx.request_id),
-        capability=params.name,
-        params=dict(params.arguments or {}),
-        timeout_ms=None,
-        progress_token=token,
-        notify_started=False,
-    )
+    request = call_request(ctx, params, session_id, call_id=str(uuid.uuid4()), progress=token)
     reported = _Reported(ctx)
     async with call_watch.watching(session_id) as watch:
         try:
@@ -135,6 +126,27 @@ class _Reported:
         if progress.position is not None:
             message = f"queued, position {progress.position}"
         await self._ctx.session.report_progress(progress.progress, progress.total, message or None)
+
+
+def call_request(
+    ctx: ServerRequestContext[Any, Any],
+    params: types.CallToolRequestParams,
+    session_id: str,
+    *,
+    call_id: str,
+    progress: str | int | None,
+) -> start.CallRequest:
+    """The call service's request for a tool call (the capability's own timeout)."""
+    return start.CallRequest(
+        session_id=session_id,
+        call_id=call_id,
+        request_id=str(ctx.request_id),
+        capability=params.name,
+        params=dict(params.arguments or {}),
+        timeout_ms=None,
+        progress_token=progress,
+        notify_started=False,
+    )
 
 
 def principal_of(ctx: ServerRequestContext[Any, Any]) -> Principal:

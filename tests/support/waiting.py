@@ -7,6 +7,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TypeVar
 
+import anyio
+
 T = TypeVar("T")
 
 
@@ -27,3 +29,13 @@ def eventually(probe: Callable[[], T | None], timeout: float = 10.0, interval: f
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met in {timeout}s")
         time.sleep(interval)
+
+
+async def eventually_async(probe: Callable[[], T | None], interval: float = 0.02) -> T:
+    """`eventually` from an event loop, within ten seconds; the probe runs in a thread."""
+    with anyio.fail_after(10.0):
+        while True:
+            value = await anyio.to_thread.run_sync(probe)
+            if value:
+                return value
+            await anyio.sleep(interval)
