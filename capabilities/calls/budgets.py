@@ -16,8 +16,9 @@ from django.conf import settings
 
 from capabilities.access.principal import Principal
 from capabilities.calls import session_records
-from capabilities.jobs import lifecycle
-from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
+from capabilities.jobs import lifecycle, queue
+from capabilities.jobs.slot_counts import slot_counts
+from capabilities.models import AgentSession, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
 
 
@@ -50,9 +51,10 @@ def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) 
 
 def create_job(principal: Principal, **job: Any) -> Job:
     """`jobs.create_job`, unless the principal already has its most calls queued."""
-    held = Job.objects.filter(principal=principal.rate_limit_id, status__in=ACTIVE_STATUSES)
+    # One read serves the budget here and the hand-over decision in create_job.
+    counts = slot_counts(queue.queue_for(job["capability"]), principal.rate_limit_id)
     _refuse_at(
-        held.count(),
+        counts.held,
         principal.max_calls_in_flight,
         "callsInFlight",
         "calls of yours may be queued or running at once, across all your sessions; "
@@ -60,7 +62,10 @@ def create_job(principal: Principal, **job: Any) -> Job:
         retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
     )
     return lifecycle.create_job(
-        principal=principal.rate_limit_id, max_running=principal.max_concurrent_calls, **job
+        principal=principal.rate_limit_id,
+        max_running=principal.max_concurrent_calls,
+        counts=counts,
+        **job,
     )
 
 

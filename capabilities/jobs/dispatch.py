@@ -30,7 +30,7 @@ from django.db.models import Count, Max, Min
 from django.utils import timezone
 
 from capabilities.jobs import notes, queue, row_updates, workers
-from capabilities.jobs.slot_counts import slot_counts
+from capabilities.jobs.slot_counts import SlotCounts, slot_counts
 from capabilities.models import ACTIVE_STATUSES, Job, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -60,19 +60,21 @@ def pump(queues: Iterable[str] | None = None) -> list[str]:
     return sent
 
 
-def may_go_now(queue_name: str, principal: str, share: int) -> bool:
+def may_go_now(queue_name: str, principal: str, share: int, counts: SlotCounts | None) -> bool:
     """Whether a job about to be created may be handed over at once.
 
     The common case: a free slot on its queue, its principal within its share, and
     nobody waiting there. The job is then stored already handed over and sent on
     commit, with no second write. Live workers are read as this process last saw
     them (at most AVAILABILITY_POLL_SECONDS ago): a job sent to a worker that just
-    died waits in Celery for the next one, or is handed over again.
+    died waits in Celery for the next one, or is handed over again. `counts`: as
+    the caller already read them in this hop, or None to read them here.
     """
     slots = workers.capacity(workers.recent()).get(queue_name, 0)
     if slots <= 0:
         return False
-    counts = slot_counts(queue_name, principal)
+    if counts is None:
+        counts = slot_counts(queue_name, principal)
     return counts.waiting == 0 and counts.busy < slots and counts.mine < share
 
 

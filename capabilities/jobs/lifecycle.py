@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from capabilities.jobs import dispatch, inputs, notes, queue, row_updates
+from capabilities.jobs.slot_counts import SlotCounts
 from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import WireError, responses
 
@@ -73,10 +74,12 @@ def create_job(
     notify_started: bool = False,
     principal: str = "",
     max_running: int | None = None,
+    counts: SlotCounts | None = None,
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
     `max_running`: the principal's share of the workers (MAX_CONCURRENT_CALLS if None).
+    `counts`: what the queue and the principal hold, if the caller already read it.
     """
     timeout_ms = min(
         timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
@@ -85,7 +88,7 @@ def create_job(
     job_id = uuid.uuid4()
     queue_name = queue.queue_for(capability)
     share = settings.ABP["MAX_CONCURRENT_CALLS"] if max_running is None else max_running
-    go_now = dispatch.may_go_now(queue_name, principal, share)
+    go_now = dispatch.may_go_now(queue_name, principal, share, counts)
     stored_params, spilled = inputs.spill(str(job_id), params)
     job = Job(
         id=job_id,
