@@ -18,6 +18,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from capabilities.calls import cancellation, session_records
+from capabilities.calls.background import Background
 from capabilities.jobs.notes import Note
 from capabilities.models import CancelSource, Job, session_group
 
@@ -117,17 +118,12 @@ async def cancel_for_caller(job: Job, source: CancelSource, reason: str = "") ->
     )
     if won[job_id]:
         revoke = await cancellation.stop_work_async(job_id)
-        _background(revoke)
+        _BACKGROUND.run(revoke)
     return won[job_id]
 
 
-_pending: set[asyncio.Future[None]] = set()
-
-
-def _background(work: Awaitable[None]) -> None:
-    future = asyncio.ensure_future(work)
-    _pending.add(future)
-    future.add_done_callback(_pending.discard)
+# Revokes of cancels this process settled, until they are out.
+_BACKGROUND = Background()
 
 
 def _progress_of(note: Note) -> Progress:

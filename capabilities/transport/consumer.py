@@ -22,13 +22,14 @@ from capabilities.access import agent_keys, credentials
 from capabilities.calls import cancellation, held_sessions, resumption, start
 from capabilities.calls.app_info import app_info
 from capabilities.calls.availability import AVAILABILITY_GROUP
+from capabilities.calls.background import Background
 from capabilities.jobs import notes
 from capabilities.models import session_group
 from capabilities.protocol import ProtocolError, decode
 from capabilities.session import actions as do
 from capabilities.session.machine import Session
 from capabilities.transport import availability_watch
-from capabilities.transport.background import Background, Timers
+from capabilities.transport.background import Timers
 from capabilities.transport.layer import RetryingLayer
 from capabilities.transport.session_io import SessionIO, record_of
 
