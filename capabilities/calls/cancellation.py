@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from capabilities.jobs import abort_flags, dispatch, notes, queue
 from capabilities.jobs.lifecycle import Outcome, settle
-from capabilities.models import CancelSource, Job
+from capabilities.models import ACTIVE_STATUSES, CancelSource, Job
 from capabilities.protocol import ErrorCode, WireError
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,17 @@ def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -
     tell_session(job_id)
     queue.revoke(job_id)
     return True
+
+
+def cancel_session_calls(
+    session_id: uuid.UUID | str, *, source: CancelSource, reason: str = ""
+) -> int:
+    """`cancel` every call of a session still in flight; how many this settled."""
+    active = Job.objects.filter(session_id=uuid.UUID(str(session_id)), status__in=ACTIVE_STATUSES)
+    return sum(
+        cancel(job_id, source=source, reason=reason)
+        for job_id in active.values_list("id", flat=True)
+    )
 
 
 def fail_lost(job_id: uuid.UUID | str, *, last_seen: datetime | None = None) -> bool:

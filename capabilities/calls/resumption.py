@@ -26,7 +26,6 @@ from capabilities.access.principal import Principal
 from capabilities.calls import cancellation
 from capabilities.jobs import notes
 from capabilities.models import (
-    ACTIVE_STATUSES,
     SETTLED_STATUSES,
     AgentSession,
     CancelSource,
@@ -196,10 +195,8 @@ def expire_abandoned() -> int:
         ).update(closed_at=now, close_reason=EXPIRED_REASON):
             continue
         ended += 1
-        active = Job.objects.filter(session_id=session_id, status__in=ACTIVE_STATUSES)
-        for job_id in active.values_list("id", flat=True):
-            cancellation.cancel(
-                job_id, source=CancelSource.DISCONNECT, reason="session not resumed"
-            )
+        cancellation.cancel_session_calls(
+            session_id, source=CancelSource.DISCONNECT, reason="session not resumed"
+        )
         logger.info("Session %s was not resumed in time; its calls were cancelled", session_id)
     return ended

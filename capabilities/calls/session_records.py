@@ -11,30 +11,55 @@ from django.utils import timezone
 from capabilities.access.principal import Principal
 from capabilities.calls import resumption
 from capabilities.jobs import lifecycle, results
-from capabilities.models import ACTIVE_STATUSES, AgentSession, Job
+from capabilities.models import ACTIVE_STATUSES, AgentSession, Door, Job
 from capabilities.protocol import Initialize
 
 
 def open_session(
     session_id: str, message: Initialize, *, origin: str, principal: Principal, resume_token: str
 ) -> None:
-    """Record a new session, who opened it, and (hashed) the token that resumes it."""
-    AgentSession.objects.create(
-        id=session_id,
-        agent_name=message.agent.name[:200],
-        agent_version=message.agent.version[:100],
-        protocol_version=message.protocol_version[:20],
+    """Record a new ABP session, who opened it, and (hashed) the token that resumes it."""
+    record_session(
+        session_id,
+        principal,
+        door=Door.ABP,
+        agent=(message.agent.name, message.agent.version),
+        protocol_version=message.protocol_version,
+        origin=origin,
         features={
             "notifications": message.features.notifications,
             "progress": message.features.progress,
             "elicitation": message.features.elicitation,
         },
+        resume_hash=resumption.token_hash(resume_token),
+    )
+
+
+def record_session(
+    session_id: str,
+    principal: Principal,
+    *,
+    door: Door,
+    agent: tuple[str, str],
+    protocol_version: str,
+    origin: str,
+    features: dict[str, bool] | None = None,
+    resume_hash: str = "",
+) -> None:
+    """Record a new session of any door: who opened it, through which door, from where."""
+    AgentSession.objects.create(
+        id=session_id,
+        door=door,
+        agent_name=agent[0][:200],
+        agent_version=agent[1][:100],
+        protocol_version=protocol_version[:20],
+        features=features or {},
         origin=origin[:300],
         agent_key=principal.key,
         auth=principal.kind,
         client_address=principal.client_address[:100],
         principal=principal.rate_limit_id[:120],
-        resume_hash=resumption.token_hash(resume_token),
+        resume_hash=resume_hash,
     )
 
 

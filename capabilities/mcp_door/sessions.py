@@ -20,7 +20,7 @@ from mcp.server.context import ServerRequestContext
 from capabilities.access.principal import Principal
 from capabilities.calls import budgets, cancellation, held_sessions, session_records
 from capabilities.mcp_door import sdk_seams
-from capabilities.models import ACTIVE_STATUSES, AgentSession, CancelSource, Door, Job
+from capabilities.models import AgentSession, CancelSource, Door
 
 logger = logging.getLogger(__name__)
 
@@ -93,25 +93,20 @@ def _create(session_id: str, ctx: ServerRequestContext[Any, Any], principal: Pri
         return
     budgets.refuse_another_session(principal)
     client = ctx.session.client_params.client_info if ctx.session.client_params else None
-    request = ctx.request
-    headers = getattr(request, "headers", {}) or {}
-    AgentSession.objects.create(
-        id=session_id,
+    headers = getattr(ctx.request, "headers", {}) or {}
+    session_records.record_session(
+        session_id,
+        principal,
         door=Door.MCP,
-        agent_name=(client.name if client else "")[:200],
-        agent_version=(client.version if client else "")[:100],
-        protocol_version=ctx.protocol_version[:20],
-        origin=str(headers.get("origin", ""))[:300],
-        agent_key=principal.key,
-        auth=principal.kind,
-        client_address=principal.client_address[:100],
-        principal=principal.rate_limit_id[:120],
+        agent=(client.name, client.version) if client else ("", ""),
+        protocol_version=ctx.protocol_version,
+        origin=str(headers.get("origin", "")),
     )
 
 
 def _end(session_id: str) -> None:
     session_records.close_session(session_id, ENDED_REASON)
-    active = Job.objects.filter(session_id=uuid.UUID(session_id), status__in=ACTIVE_STATUSES)
-    for job_id in active.values_list("id", flat=True):
-        cancellation.cancel(job_id, source=CancelSource.DISCONNECT, reason=ENDED_REASON)
+    cancellation.cancel_session_calls(
+        session_id, source=CancelSource.DISCONNECT, reason=ENDED_REASON
+    )
     logger.info("MCP session %s ended", session_id)
