@@ -55,6 +55,8 @@ class Door(models.TextChoices):
     """The ABP WebSocket (/abp/ws), the embed bridge or window.abp."""
     MCP = "mcp", "MCP"
     """MCP's Streamable HTTP endpoint (/mcp)."""
+    RPC = "rpc", "JSON-RPC"
+    """The JSON-RPC WebSocket (/abp/rpc), with ACP's `$/cancel_request`."""
 
 
 class AgentKey(models.Model):

@@ -21,6 +21,7 @@ from capabilities.protocol import (
     ErrorCode,
     Features,
     Initialize,
+    ListCapabilities,
     Message,
     MessageType,
     ProtocolError,
@@ -661,13 +662,21 @@ def test_only_text_is_checked_for_what_no_store_can_hold() -> None:
 
 # -- fuzzing: decode raises ProtocolError with a known code, or returns a message ---------------
 
-MESSAGE_CLASSES = (Initialize, CallRequest, CancelRequest, Shutdown, ElicitationResponse)
+MESSAGE_CLASSES = (
+    Initialize,
+    CallRequest,
+    CancelRequest,
+    Shutdown,
+    ElicitationResponse,
+    ListCapabilities,
+)
 TYPE_OF: dict[type, MessageType] = {
     Initialize: MessageType.INITIALIZE,
     CallRequest: MessageType.CALL,
     CancelRequest: MessageType.CANCEL,
     Shutdown: MessageType.SHUTDOWN,
     ElicitationResponse: MessageType.ELICITATION_RESPONSE,
+    ListCapabilities: MessageType.LIST,
 }
 CODES = set(ErrorCode)
 

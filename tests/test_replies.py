@@ -146,7 +146,9 @@ def test_notifications_get_fresh_ids() -> None:
     [(1, 4, 25.0), (1, 3, 33.3), (2, 3, 66.7), (0, 10, 0.0), (10, 10, 100.0), (0.5, 2, 25.0)],
 )
 def test_progress_percentage(done: float, total: float, percentage: float) -> None:
-    envelope = parse(replies.progress("tok-1", progress=done, total=total, stage="rendering"))
+    envelope = parse(
+        replies.progress("tok-1", call_id="c1", progress=done, total=total, stage="rendering")
+    )
     assert envelope["type"] == "progress"
     assert is_fresh_id(envelope["id"])
     assert envelope["payload"] == {
@@ -161,14 +163,16 @@ def test_progress_percentage(done: float, total: float, percentage: float) -> No
 
 @pytest.mark.parametrize("total", [None, 0, 0.0])
 def test_progress_without_a_total_has_no_percentage(total: float | None) -> None:
-    payload = parse(replies.progress(7, progress=3, total=total, stage="fetching"))["payload"]
+    payload = parse(replies.progress(7, call_id="c1", progress=3, total=total, stage="fetching"))[
+        "payload"
+    ]
     assert payload["operationId"] == 7
     assert payload["total"] == total
     assert payload["percentage"] is None
 
 
 def test_progress_keeps_an_integer_token() -> None:
-    payload = parse(replies.progress(0, progress=1, total=2, stage="s"))["payload"]
+    payload = parse(replies.progress(0, call_id="c1", progress=1, total=2, stage="s"))["payload"]
     assert payload["operationId"] == 0
     assert type(payload["operationId"]) is int
 

@@ -512,6 +512,7 @@ def test_call_starts_with_everything_the_agent_sent() -> None:
     assert session.receive(message) == [
         StartCall(
             request_id="req-9",
+            stored_request_id="req-9",
             call_id="c-9",
             capability="process.image",
             params={"image": {"content": "AA=="}, "operations": []},
@@ -552,7 +553,12 @@ def test_a_started_call_is_in_flight_with_a_timer_for_what_is_left_of_its_deadli
         StartTimer(call_id="c-1", seconds=4.5)
     ]
     assert session.in_flight("c-1") == InFlight(
-        call_id="c-1", request_id="req-3", job_id="job-3", progress_token="tok", started=100.0
+        call_id="c-1",
+        request_id="req-3",
+        job_id="job-3",
+        progress_token="tok",
+        started=100.0,
+        own=True,
     )
     # A deadline already past times out at once.
     session.receive(call("c-2"))

@@ -18,7 +18,7 @@ from capabilities.access.principal import Principal
 from capabilities.calls import session_records
 from capabilities.jobs import lifecycle, queue
 from capabilities.jobs.slot_counts import slot_counts
-from capabilities.models import AgentSession, Job
+from capabilities.models import AgentSession, Door, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
 
 
@@ -70,12 +70,23 @@ def create_job(principal: Principal, **job: Any) -> Job:
 
 
 def open_session(
-    principal: Principal, session_id: str, message: Initialize, *, origin: str, resume_token: str
+    principal: Principal,
+    session_id: str,
+    message: Initialize,
+    *,
+    origin: str,
+    resume_token: str,
+    door: Door,
 ) -> None:
     """`session_records.open_session`, unless the principal has its most sessions open."""
     refuse_another_session(principal)
     session_records.open_session(
-        session_id, message, origin=origin, principal=principal, resume_token=resume_token
+        session_id,
+        message,
+        origin=origin,
+        principal=principal,
+        resume_token=resume_token,
+        door=door,
     )
 
 

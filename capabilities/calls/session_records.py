@@ -16,13 +16,19 @@ from capabilities.protocol import Initialize
 
 
 def open_session(
-    session_id: str, message: Initialize, *, origin: str, principal: Principal, resume_token: str
+    session_id: str,
+    message: Initialize,
+    *,
+    origin: str,
+    principal: Principal,
+    resume_token: str,
+    door: Door = Door.ABP,
 ) -> None:
-    """Record a new ABP session, who opened it, and (hashed) the token that resumes it."""
+    """Record a new WebSocket session, who opened it, and (hashed) the token that resumes it."""
     record_session(
         session_id,
         principal,
-        door=Door.ABP,
+        door=door,
         agent=(message.agent.name, message.agent.version),
         protocol_version=message.protocol_version,
         origin=origin,

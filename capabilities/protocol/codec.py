@@ -23,8 +23,10 @@ from capabilities.protocol.messages import (
     ElicitationResponse,
     Features,
     Initialize,
+    ListCapabilities,
     Message,
     MessageType,
+    RequestId,
     ResumeRequest,
     Shutdown,
 )
@@ -38,7 +40,9 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def encode(message_type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
+def encode(
+    message_type: str, payload: dict[str, Any], *, message_id: RequestId | None = None
+) -> str:
     """Serialize an outgoing envelope; a missing id gets a fresh UUID."""
     envelope = {
         "type": str(message_type),
@@ -138,7 +142,8 @@ def _is_number(value: JSON) -> bool:
         return False
 
 
-def _call_id(fields: Fields, key: str) -> str | None:
+def call_id_of(fields: Fields, key: str) -> str | None:
+    """An optional callId: 1 to MAX_ID_LENGTH storable characters."""
     value = fields.optional_text(key)
     if value is not None and not 0 < len(value) <= MAX_ID_LENGTH:
         where = fields.where(key)
@@ -169,47 +174,55 @@ def _decode_initialize(message_id: str, payload: Fields) -> Message:
     )
 
 
-def _decode_call(message_id: str, payload: Fields) -> Message:
-    capability = payload.text("capability")
-    params = payload.object("params").data
-    options = payload.object("options")
-    timeout = options.get("timeout")
-    timeout_ms: int | None = None
-    if timeout is not None:
-        if not _is_number(timeout) or timeout <= 0:
-            raise FieldError(
-                ErrorCode.INVALID_TYPE,
-                "'payload.options.timeout' must be a positive number of milliseconds.",
-                "payload.options.timeout",
-            )
-        timeout_ms = max(1, int(timeout))
-    token = options.get("progressToken")
+def timeout_ms_of(fields: Fields, key: str) -> int | None:
+    """An optional timeout: a positive number of milliseconds."""
+    timeout = fields.get(key)
+    if timeout is None:
+        return None
+    if not _is_number(timeout) or timeout <= 0:
+        where = fields.where(key)
+        message = f"'{where}' must be a positive number of milliseconds."
+        raise FieldError(ErrorCode.INVALID_TYPE, message, where)
+    return max(1, int(timeout))
+
+
+def progress_token_of(fields: Fields, key: str) -> str | int | None:
+    """An optional progressToken: a storable string or an integer."""
+    token = fields.get(key)
     if token is not None and (
         isinstance(token, bool)
         or not isinstance(token, str | int)
         or len(str(token)) > 200
         or (isinstance(token, str) and unstorable(token))
     ):
-        raise FieldError(
-            ErrorCode.INVALID_TYPE,
-            "'payload.options.progressToken' must be a string (no NUL, no lone surrogate) "
-            "or an integer.",
-            "payload.options.progressToken",
-        )
+        where = fields.where(key)
+        message = f"'{where}' must be a string (no NUL, no lone surrogate) or an integer."
+        raise FieldError(ErrorCode.INVALID_TYPE, message, where)
+    return token
+
+
+def _decode_call(message_id: str, payload: Fields) -> Message:
+    capability = payload.text("capability")
+    params = payload.object("params").data
+    options = payload.object("options")
     # callId may sit in options (the spec's CallParams) or at the top of the payload.
-    call_id = _call_id(options, "callId")
+    call_id = call_id_of(options, "callId")
     if call_id is None:
-        call_id = _call_id(payload, "callId")
+        call_id = call_id_of(payload, "callId")
     return CallRequest(
         id=message_id,
         capability=capability,
         params=params,
-        options=CallOptions(timeout_ms=timeout_ms, progress_token=token, call_id=call_id),
+        options=CallOptions(
+            timeout_ms=timeout_ms_of(options, "timeout"),
+            progress_token=progress_token_of(options, "progressToken"),
+            call_id=call_id,
+        ),
     )
 
 
 def _decode_cancel(message_id: str, payload: Fields) -> Message:
-    call_id = _call_id(payload, "callId")
+    call_id = call_id_of(payload, "callId")
     if call_id is None:
         raise FieldError(ErrorCode.MISSING_PARAM, "'payload.callId' is required.", "payload.callId")
     return CancelRequest(id=message_id, call_id=call_id, reason=payload.optional_text("reason"))
@@ -223,10 +236,15 @@ def _decode_elicitation(message_id: str, payload: Fields) -> Message:
     return ElicitationResponse(id=message_id, payload=payload.data)
 
 
+def _decode_list(message_id: str, payload: Fields) -> Message:
+    return ListCapabilities(id=message_id)
+
+
 _DECODERS = {
     MessageType.INITIALIZE.value: _decode_initialize,
     MessageType.CALL.value: _decode_call,
     MessageType.CANCEL.value: _decode_cancel,
     MessageType.SHUTDOWN.value: _decode_shutdown,
     MessageType.ELICITATION_RESPONSE.value: _decode_elicitation,
+    MessageType.LIST.value: _decode_list,
 }

@@ -40,6 +40,8 @@ class ErrorCode(StrEnum):
     PARSE_ERROR = "PARSE_ERROR"
     # Ours: a well-formed envelope of a type we do not know.
     UNKNOWN_MESSAGE_TYPE = "UNKNOWN_MESSAGE_TYPE"
+    # Ours: a JSON-RPC message that is not a request we can take (/abp/rpc).
+    INVALID_REQUEST = "INVALID_REQUEST"
 
 
 # Codes for which trying the same thing again later may succeed.
@@ -87,7 +89,7 @@ class ProtocolError(Exception):
         code: ErrorCode,
         message: str,
         *,
-        request_id: str | None = None,
+        request_id: str | int | float | None = None,
         request_type: str | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 PROTOCOL_VERSION = "0.1"
 
 JSON = Any  # a value that came out of json.loads
+RequestId = str | int | float
+"""A request's id as the client sent it: ABP's are strings, JSON-RPC's also numbers."""
 
 
 class MessageType(StrEnum):
@@ -20,6 +22,9 @@ class MessageType(StrEnum):
     CALL_RESULT = "capabilities/call-result"
     CANCEL = "capabilities/cancel"
     CANCEL_RESULT = "capabilities/cancel-result"
+    # Ours: the manifest's capability entries, over the socket.
+    LIST = "capabilities/list"
+    LIST_RESULT = "capabilities/list-result"
     SHUTDOWN = "shutdown"
     NOTIFICATION = "notification"
     PROGRESS = "progress"
@@ -32,6 +37,7 @@ REPLY_TYPES: dict[str, MessageType] = {
     MessageType.INITIALIZE: MessageType.INITIALIZE_RESULT,
     MessageType.CALL: MessageType.CALL_RESULT,
     MessageType.CANCEL: MessageType.CANCEL_RESULT,
+    MessageType.LIST: MessageType.LIST_RESULT,
 }
 
 
@@ -64,7 +70,7 @@ class ResumeRequest:
 class Initialize:
     """`initialize`."""
 
-    id: str
+    id: RequestId
     agent: AgentInfo = field(default_factory=AgentInfo)
     protocol_version: str = PROTOCOL_VERSION
     features: Features = field(default_factory=Features)
@@ -84,7 +90,7 @@ class CallOptions:
 class CallRequest:
     """`capabilities/call`."""
 
-    id: str
+    id: RequestId
     capability: str
     params: dict[str, JSON] = field(default_factory=dict)
     options: CallOptions = field(default_factory=CallOptions)
@@ -92,18 +98,18 @@ class CallRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class CancelRequest:
-    """`capabilities/cancel`."""
+    """`capabilities/cancel`: cancel a call by its callId, confirmed."""
 
-    id: str
+    id: RequestId
     call_id: str
     reason: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class Shutdown:
-    """`shutdown`."""
+    """`shutdown`; JSON-RPC may send it as a notification (no id)."""
 
-    id: str
+    id: RequestId | None
     reason: str | None = None
 
 
@@ -111,8 +117,34 @@ class Shutdown:
 class ElicitationResponse:
     """`elicitation/response` (no capability elicits yet)."""
 
-    id: str
+    id: RequestId
     payload: dict[str, JSON] = field(default_factory=dict)
 
 
-Message = Initialize | CallRequest | CancelRequest | Shutdown | ElicitationResponse
+@dataclass(frozen=True, kw_only=True)
+class ListCapabilities:
+    """`capabilities/list`: the manifest's capability entries, with their schemas."""
+
+    id: RequestId
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelPendingRequest:
+    """JSON-RPC's `$/cancel_request`: cancel the call a request of this connection made.
+
+    A notification: never answered itself; the request it names is.
+    """
+
+    request_id: RequestId
+    id: None = None
+
+
+Message = (
+    Initialize
+    | CallRequest
+    | CancelRequest
+    | Shutdown
+    | ElicitationResponse
+    | ListCapabilities
+    | CancelPendingRequest
+)

@@ -1,18 +1,35 @@
-"""Outgoing envelopes: one builder per reply type. Pure; no Django."""
+"""Outgoing ABP envelopes: one builder per reply type. Pure; no Django.
+
+This module is the session's `Wire` for /abp/ws (capabilities/session/wire.py);
+capabilities/jsonrpc/replies.py is the one for /abp/rpc.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from capabilities.protocol import ErrorCode, MessageType, WireError, encode, responses
+from capabilities.protocol import ErrorCode, MessageType, RequestId, WireError, encode, responses
 from capabilities.protocol.messages import REPLY_TYPES
 
 NOT_FOUND = "Operation not found"
 ALREADY_COMPLETED = "Operation already completed"
 
+# ABP ids are message ids: a reused one is not refused (callIds are what must be unique).
+UNIQUE_REQUEST_IDS = False
+
+
+def store_id(request_id: RequestId) -> str:
+    """The request id as the job row keeps it (ABP's are strings already)."""
+    return str(request_id)
+
+
+def load_id(stored: str) -> RequestId:
+    """The request id of a stored call, as it is answered."""
+    return stored
+
 
 def initialize_result(
-    request_id: str,
+    request_id: RequestId,
     *,
     session_id: str,
     protocol_version: str,
@@ -36,18 +53,22 @@ def initialize_result(
     )
 
 
-def call_result(request_id: str, response: dict[str, Any]) -> str:
-    """`capabilities/call-result` carrying an ABPResponse."""
+def call_result(request_id: RequestId, response: dict[str, Any], *, own: bool = True) -> str:
+    """`capabilities/call-result` carrying an ABPResponse.
+
+    ABP answers a call adopted from an earlier connection (`own=False`) the same way:
+    its ids are the session's, and the resuming agent still waits for them.
+    """
     return encode(MessageType.CALL_RESULT, response, message_id=request_id)
 
 
-def call_error(request_id: str, call_id: str | None, error: WireError) -> str:
+def call_error(request_id: RequestId, call_id: str | None, error: WireError) -> str:
     """A call refused before it became a job."""
     return call_result(request_id, responses.failed(call_id, error, 0))
 
 
 def cancel_result(
-    request_id: str, call_id: str, *, cancelled: bool, reason: str | None = None
+    request_id: RequestId, call_id: str, *, cancelled: bool, reason: str | None = None
 ) -> str:
     """`capabilities/cancel-result`."""
     payload: dict[str, Any] = {"callId": call_id, "cancelled": cancelled}
@@ -64,6 +85,7 @@ def notification(event: str, data: dict[str, Any]) -> str:
 def progress(
     operation_id: str | int,
     *,
+    call_id: str,
     progress: float,
     total: float | None,
     stage: str,
@@ -72,7 +94,8 @@ def progress(
     """`progress` for a call that asked for it with a progressToken.
 
     A call still waiting for a worker has `status: "queued"` and, when known, its
-    `position` in its agent's line (1: next to start).
+    `position` in its agent's line (1: next to start). ABP names the call by its
+    progressToken alone (`call_id` is for dialects that also say it).
     """
     percentage = round(100.0 * progress / total, 1) if total else None
     payload: dict[str, Any] = {
@@ -88,7 +111,7 @@ def progress(
     return encode(MessageType.PROGRESS, payload)
 
 
-def error_for(request_type: str | None, request_id: str | None, error: WireError) -> str:
+def error_for(request_type: str | None, request_id: RequestId | None, error: WireError) -> str:
     """Answer a refused message with its own reply type, or a notification if it has none."""
     reply_type = REPLY_TYPES.get(request_type or "")
     if reply_type is None or request_id is None:
@@ -103,10 +126,25 @@ def error_for(request_type: str | None, request_id: str | None, error: WireError
     return encode(reply_type, {"error": error.to_json()}, message_id=request_id)
 
 
-def not_initialized(request_type: str | None, request_id: str | None) -> str:
+def not_initialized(request_type: str | None, request_id: RequestId | None) -> str:
     """The reply to anything but initialize before initialize."""
     return error_for(
         request_type,
         request_id,
         WireError(code=ErrorCode.NOT_INITIALIZED, message="Send initialize first."),
     )
+
+
+def refusal(error: WireError) -> str:
+    """Why the connection is refused (Daphne drops close reasons): `notifications/error`."""
+    return notification("notifications/error", error.to_json())
+
+
+def shutdown_result(request_id: RequestId | None) -> str | None:
+    """ABP's shutdown has no reply: the close is the answer."""
+    return None
+
+
+def capability_list(request_id: RequestId, entries: list[dict[str, Any]]) -> str:
+    """`capabilities/list-result`: the manifest's entries (ours; ABP has /abp.json)."""
+    return encode(MessageType.LIST_RESULT, {"capabilities": entries}, message_id=request_id)

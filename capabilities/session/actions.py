@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from capabilities.protocol import Initialize
+from capabilities.protocol import Initialize, RequestId
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +120,9 @@ class EndSession:
 class StartCall:
     """Start the call through the call service; report `call_started` or `call_refused`."""
 
-    request_id: str
+    request_id: RequestId
+    stored_request_id: str
+    """The request id as the job row keeps it (the dialect's `store_id`)."""
     call_id: str
     capability: str
     params: dict[str, Any]
@@ -142,7 +144,8 @@ class SettleCancels:
     source: str
     reason: str
     delivered: bool
-    request_id: str | None = None
+    request_id: RequestId | None = None
+    """The confirmed cancel's request, answered with a cancel result."""
     read_losers: bool = False
 
 
@@ -212,7 +215,7 @@ class StopTimers:
 class CancelFound:
     """An agent's cancel of a call this connection did not hold."""
 
-    request_id: str
+    request_id: RequestId
     reason: str
 
 

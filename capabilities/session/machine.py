@@ -24,12 +24,15 @@ from typing import Any
 from capabilities.protocol import (
     PROTOCOL_VERSION,
     CallRequest,
+    CancelPendingRequest,
     CancelRequest,
     ElicitationResponse,
     ErrorCode,
     Initialize,
+    ListCapabilities,
     Message,
     ProtocolError,
+    RequestId,
     Shutdown,
     WireError,
     replies,
@@ -63,6 +66,7 @@ from capabilities.session.actions import (
     StopWork,
     Then,
 )
+from capabilities.session.wire import Wire
 
 TAKEN_OVER_CLOSE_CODE = 4409
 
@@ -105,10 +109,12 @@ class InFlight:
     """A call this connection answers, not answered yet."""
 
     call_id: str
-    request_id: str
+    request_id: RequestId
     job_id: str
     progress_token: str | int | None
     started: float
+    own: bool
+    """Asked on this connection (not adopted from another of the session's)."""
 
 
 class Session:
@@ -119,6 +125,8 @@ class Session:
         *,
         capability_names: Callable[[], list[str]],
         app: dict[str, Any],
+        wire: Wire = replies,
+        describe: Callable[[], list[dict[str, Any]]] = list,
         availability: Callable[[], dict[str, bool]] = dict,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
@@ -130,12 +138,17 @@ class Session:
         self.notifications = False
         self.limits = Limits()
         self._capability_names = capability_names
+        self._wire = wire
+        self._describe = describe
         self._availability = availability
         self._app = app
         self._new_id = new_id
         self._new_token = new_token
         self._clock = clock
         self._calls: dict[str, InFlight] = {}
+        # This connection's calls in flight by their request id (as stored): what
+        # `$/cancel_request` names, and what may not be reused meanwhile.
+        self._call_of_request: dict[str, str] = {}
         self._initialize: Initialize | None = None
 
     # -- the connection ------------------------------------------------------------
@@ -150,8 +163,7 @@ class Session:
         self.state = ConnectionState.REFUSED
         return self._refusal(reason)
 
-    @staticmethod
-    def _refusal(reason: str) -> list[Action]:
+    def _refusal(self, reason: str) -> list[Action]:
         code = CLOSE_CODES[reason]
         error = WireError(
             code=ErrorCode.PERMISSION_DENIED,
@@ -159,10 +171,7 @@ class Session:
             retryable=reason == "expired-credentials",
             details={"reason": reason, "closeCode": code},
         )
-        return [
-            Send(text=replies.notification("notifications/error", error.to_json())),
-            Close(code=code),
-        ]
+        return [Send(text=self._wire.refusal(error)), Close(code=code)]
 
     def socket_gone(self) -> list[Action]:
         """A send found the socket closed, or the shell closed it."""
@@ -184,13 +193,13 @@ class Session:
             assert self.session_id is not None
             if self.limits.resumable:
                 self.state = ConnectionState.DETACHED
-                self._calls.clear()  # they are the resuming connection's to answer
+                self._forget_calls()  # they are the resuming connection's to answer
                 return [
                     StopTimers(),
                     Detach(session_id=self.session_id, generation=self.generation),
                 ]
             ending = self._settle_all("disconnect", "connection closed", delivered=False)
-            self._calls.clear()  # answered by nobody: the session ends with its socket
+            self._forget_calls()  # answered by nobody: the session ends with its socket
             return [
                 *ending,
                 StopTimers(),
@@ -235,37 +244,59 @@ class Session:
             return []
         if isinstance(message, ProtocolError):
             return self._refuse_frame(message)
+        if message.id is None:  # a notification: never answered
+            return self._notice(message) if self.state is not ConnectionState.NEW else []
+        if self._wire.UNIQUE_REQUEST_IDS and self._wire.store_id(message.id) in (
+            self._call_of_request
+        ):
+            error = WireError(
+                code=ErrorCode.INVALID_REQUEST,
+                message="This request id is still in flight; use another.",
+                details={"path": "id"},
+            )
+            return [Send(text=self._wire.error_for(_type_of(message), message.id, error))]
         if isinstance(message, Initialize):
             return self._initialize_message(message)
         if self.state is ConnectionState.NEW:
-            return [Send(text=replies.not_initialized(_type_of(message), message.id))]
+            return [Send(text=self._wire.not_initialized(_type_of(message), message.id))]
         if isinstance(message, CallRequest):
             return self._call(message)
         if isinstance(message, CancelRequest):
             return self._cancel(message)
         if isinstance(message, Shutdown):
             return self._shutdown(message)
+        if isinstance(message, ListCapabilities):
+            entries = self._describe()
+            return [Send(text=self._wire.capability_list(message.id, entries))]
         assert isinstance(message, ElicitationResponse)
         error = WireError(code=ErrorCode.INVALID_PARAMS, message="No elicitation is pending.")
-        return [Send(text=replies.error_for("elicitation/response", message.id, error))]
+        return [Send(text=self._wire.error_for("elicitation/response", message.id, error))]
+
+    def _notice(self, message: Message) -> list[Action]:
+        """A notification: `$/cancel_request`, or a shutdown sent as one."""
+        if isinstance(message, CancelPendingRequest):
+            return self._cancel_pending_request(message)
+        assert isinstance(message, Shutdown)
+        return self._shutdown(message)
 
     def _refuse_frame(self, error: ProtocolError) -> list[Action]:
+        wire = self._wire
         if self.state is ConnectionState.NEW and error.request_type not in (None, "initialize"):
-            return [Send(text=replies.not_initialized(error.request_type, error.request_id))]
-        return [Send(text=replies.error_for(error.request_type, error.request_id, error.error))]
+            return [Send(text=wire.not_initialized(error.request_type, error.request_id))]
+        return [Send(text=wire.error_for(error.request_type, error.request_id, error.error))]
 
     def _initialize_message(self, message: Initialize) -> list[Action]:
         if self.state is not ConnectionState.NEW or self._initialize is not None:
             error = WireError(
                 code=ErrorCode.ALREADY_INITIALIZED, message="This connection is initialized."
             )
-            return [Send(text=replies.error_for("initialize", message.id, error))]
+            return [Send(text=self._wire.error_for("initialize", message.id, error))]
         if message.resume is not None:
             if not self.limits.resumable:
                 error = WireError(
                     code=ErrorCode.SESSION_INVALID, message="Sessions cannot be resumed here."
                 )
-                return [Send(text=replies.error_for("initialize", message.id, error))]
+                return [Send(text=self._wire.error_for("initialize", message.id, error))]
             self._initialize = message
             resume = message.resume
             return [ResumeSession(session_id=resume.session_id, token=resume.token)]
@@ -283,7 +314,7 @@ class Session:
         assert self._initialize is not None
         self.state = ConnectionState.REFUSED
         return [
-            Send(text=replies.error_for("initialize", self._initialize.id, error)),
+            Send(text=self._wire.error_for("initialize", self._initialize.id, error)),
             Close(code=TOO_MANY_SESSIONS_CLOSE_CODE),
         ]
 
@@ -313,14 +344,14 @@ class Session:
         """The session could not be resumed; the connection may still initialize afresh."""
         assert self._initialize is not None
         request_id, self._initialize = self._initialize.id, None
-        return [Send(text=replies.error_for("initialize", request_id, error))]
+        return [Send(text=self._wire.error_for("initialize", request_id, error))]
 
     def _open(self, session_id: str, token: str) -> str:
         message = self._initialize
         assert message is not None
         self.state, self.session_id = ConnectionState.OPEN, session_id
         self.notifications = message.features.notifications
-        return replies.initialize_result(
+        return self._wire.initialize_result(
             message.id,
             session_id=session_id,
             protocol_version=PROTOCOL_VERSION,
@@ -346,7 +377,7 @@ class Session:
         if self.state is not ConnectionState.OPEN or not self.notifications:
             return []
         data = {"capabilities": self._capabilities(available)}
-        return [Send(text=replies.notification("notifications/capabilities/changed", data))]
+        return [Send(text=self._wire.notification("notifications/capabilities/changed", data))]
 
     # -- calls -------------------------------------------------------------------------
 
@@ -354,10 +385,11 @@ class Session:
         call_id = message.options.call_id or self._new_id()
         error = self._call_refusal(message, call_id)
         if error is not None:
-            return [Send(text=replies.call_error(message.id, call_id, error))]
+            return [Send(text=self._wire.call_error(message.id, call_id, error))]
         return [
             StartCall(
                 request_id=message.id,
+                stored_request_id=self._wire.store_id(message.id),
                 call_id=call_id,
                 capability=message.capability,
                 params=message.params,
@@ -399,28 +431,39 @@ class Session:
 
     def call_started(self, call: CallRecord) -> list[Action]:
         """The job exists: the call is in flight until answered."""
-        return self._adopt(call)
+        return self._adopt(call, own=True)
 
     def call_refused(self, action: StartCall, error: WireError) -> list[Action]:
         """The call service would not start the call."""
-        return [Send(text=replies.call_error(action.request_id, action.call_id, error))]
+        return [Send(text=self._wire.call_error(action.request_id, action.call_id, error))]
 
-    def _adopt(self, call: CallRecord, *, timer: bool = True) -> list[Action]:
+    def _adopt(self, call: CallRecord, *, own: bool = False, timer: bool = True) -> list[Action]:
         """Make a call this connection's to answer (and, while it runs, to time out)."""
         self._calls[call.call_id] = InFlight(
             call_id=call.call_id,
-            request_id=call.request_id,
+            request_id=self._wire.load_id(call.request_id),
             job_id=call.job_id,
             progress_token=call.progress_token,
             started=self._clock(),
+            own=own,
         )
+        if own:
+            self._call_of_request[call.request_id] = call.call_id
         if call.active and timer:
             return [StartTimer(call_id=call.call_id, seconds=max(0.0, call.seconds_left))]
         return []
 
     def _finish(self, call_id: str) -> InFlight | None:
         """Take the call out of the table; only the first caller gets it (and answers)."""
-        return self._calls.pop(call_id, None)
+        call = self._calls.pop(call_id, None)
+        if call is not None and call.own:
+            self._call_of_request.pop(self._wire.store_id(call.request_id), None)
+        return call
+
+    def _forget_calls(self) -> None:
+        """Let every call go unanswered here (the session's other connections answer)."""
+        self._calls.clear()
+        self._call_of_request.clear()
 
     def _live(self) -> bool:
         """Whether the session still acts on its calls here."""
@@ -440,8 +483,28 @@ class Session:
             return [LookUp(call_id=message.call_id, then=then)]
         return [self._settle_agent_cancel(call, message.id, reason)]
 
+    def _cancel_pending_request(self, message: CancelPendingRequest) -> list[Action]:
+        """`$/cancel_request`: cancel the call a request of this connection made.
+
+        Unconfirmed: the request itself is answered, -32800 if this cancel settled its
+        job first, else with its result. An unknown or answered id is ignored.
+        """
+        call_id = self._call_of_request.get(self._wire.store_id(message.request_id))
+        call = self._calls.get(call_id) if call_id is not None else None
+        if call is None or self.state is not ConnectionState.OPEN:
+            return []
+        return [
+            SettleCancels(
+                call_ids=(call.call_id,),
+                job_ids=(call.job_id,),
+                source="agent",
+                reason="$/cancel_request",
+                delivered=True,
+            )
+        ]
+
     @staticmethod
-    def _settle_agent_cancel(call: InFlight, request_id: str, reason: str) -> SettleCancels:
+    def _settle_agent_cancel(call: InFlight, request_id: RequestId, reason: str) -> SettleCancels:
         return SettleCancels(
             call_ids=(call.call_id,),
             job_ids=(call.job_id,),
@@ -473,9 +536,11 @@ class Session:
         self.state = (
             ConnectionState.ENDING if self.state is ConnectionState.OPEN else ConnectionState.CLOSED
         )
+        answer = self._wire.shutdown_result(message.id)
         return [
             EndSession(session_id=self.session_id, reason=f"shutdown: {reason}"),
             FindUnanswered(then=EndAll(source="shutdown", reason=reason)),
+            *([Send(text=answer)] if answer is not None else []),
             Close(code=1000),
         ]
 
@@ -519,7 +584,7 @@ class Session:
             elif action.request_id is not None:
                 response = (losers or {}).get(job_id)
                 was_cancelled = bool(response and response.get("cancelled"))
-                reply = replies.cancel_result(
+                reply = self._wire.cancel_result(
                     action.request_id,
                     call_id,
                     cancelled=was_cancelled,
@@ -536,7 +601,7 @@ class Session:
             return [StopTimer(call_id=call_id), StopWork(job_id=job_id)]
         actions: list[Action] = []
         if action.request_id is not None:
-            reply = replies.cancel_result(action.request_id, call_id, cancelled=True)
+            reply = self._wire.cancel_result(action.request_id, call_id, cancelled=True)
             actions.append(Send(text=reply))
         call = self._finish(call_id)
         if call is None:
@@ -547,7 +612,7 @@ class Session:
             *actions,
             StopTimer(call_id=call_id),
             *self._completed(call_id),
-            Send(text=replies.call_result(call.request_id, result), claims=job_id),
+            Send(text=self._wire.call_result(call.request_id, result, own=call.own), claims=job_id),
             StopWork(job_id=job_id),
         ]
 
@@ -575,13 +640,18 @@ class Session:
         return [
             StopTimer(call_id=call.call_id),
             *self._completed(call.call_id),
-            Send(text=replies.call_result(call.request_id, claimed), claims=call.job_id),
+            Send(
+                text=self._wire.call_result(call.request_id, claimed, own=call.own),
+                claims=call.job_id,
+            ),
         ]
 
     def _completed(self, call_id: str) -> list[Action]:
         if not self.notifications:
             return []
-        note = replies.notification("notifications/operation/completed", {"operationId": call_id})
+        note = self._wire.notification(
+            "notifications/operation/completed", {"operationId": call_id}
+        )
         return [Send(text=note)]
 
     def found(self, action: LookUp, call: CallRecord | None) -> list[Action]:
@@ -606,7 +676,7 @@ class Session:
         else:
             cancelled, reason = False, replies.ALREADY_COMPLETED
         assert action.call_id is not None  # a cancel looks its call up by id
-        reply = replies.cancel_result(
+        reply = self._wire.cancel_result(
             then.request_id, action.call_id, cancelled=cancelled, reason=reason
         )
         return [Send(text=reply)]
@@ -617,7 +687,7 @@ class Session:
         """The worker started the call."""
         if not self.notifications or call_id not in self._calls or not self._live():
             return []
-        note = replies.notification("notifications/operation/started", {"operationId": call_id})
+        note = self._wire.notification("notifications/operation/started", {"operationId": call_id})
         return [Send(text=note)]
 
     def job_progress(
@@ -633,8 +703,13 @@ class Session:
         call = self._calls.get(call_id) if self._live() else None
         if call is None or call.progress_token is None:
             return []
-        reply = replies.progress(
-            call.progress_token, progress=progress, total=total, stage=stage, position=position
+        reply = self._wire.progress(
+            call.progress_token,
+            call_id=call_id,
+            progress=progress,
+            total=total,
+            stage=stage,
+            position=position,
         )
         return [Send(text=reply)]
 
@@ -660,4 +735,6 @@ def _type_of(message: Message) -> str:
         CancelRequest: "capabilities/cancel",
         Shutdown: "shutdown",
         ElicitationResponse: "elicitation/response",
+        ListCapabilities: "capabilities/list",
+        CancelPendingRequest: "$/cancel_request",
     }[type(message)]

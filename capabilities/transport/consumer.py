@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
@@ -19,15 +19,16 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from capabilities.access import agent_keys, credentials
-from capabilities.calls import cancellation, held_sessions, resumption, start
+from capabilities.calls import cancellation, held_sessions, manifest, resumption, start
 from capabilities.calls.app_info import app_info
 from capabilities.calls.availability import AVAILABILITY_GROUP
 from capabilities.calls.background import Background
 from capabilities.jobs import notes
-from capabilities.models import session_group
-from capabilities.protocol import ProtocolError, decode
+from capabilities.models import Door, session_group
+from capabilities.protocol import Message, ProtocolError, decode, replies
 from capabilities.session import actions as do
 from capabilities.session.machine import Session
+from capabilities.session.wire import Wire
 from capabilities.transport import availability_watch
 from capabilities.transport.background import Timers
 from capabilities.transport.layer import RetryingLayer
@@ -43,14 +44,32 @@ def _base_url_of(scope: dict[str, Any]) -> str:
     return f"{'https' if scope.get('scheme') == 'wss' else 'http'}://{host}"
 
 
+def _describe() -> list[dict[str, Any]]:
+    return manifest.capability_entries(availability_watch.states())
+
+
 class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
-    """One agent connection speaking the ABP envelope."""
+    """One agent connection speaking the ABP envelope.
+
+    The door's dialect is three class attributes: JSONRPCConsumer
+    (capabilities/transport/rpc_consumer.py) reads and writes JSON-RPC instead.
+    """
+
+    door: ClassVar[Door] = Door.ABP
+    wire: ClassVar[Wire] = replies
+
+    @staticmethod
+    def read_frame(frame: str | bytes) -> Message | None:
+        """The frame's message (None: nothing to do); ProtocolError if refused."""
+        return decode(frame)
 
     async def connect(self) -> None:
         await availability_watch.ensure_started()
         self.session = Session(
             capability_names=start.capability_names,
             app=app_info(),
+            wire=self.wire,
+            describe=_describe,
             availability=availability_watch.states,
         )
         self.layer = RetryingLayer(self.channel_layer)
@@ -73,7 +92,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.perform(self.session.refuse(refused.reason))
             return
         base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
-        self.io = SessionIO(self.session, principal, base_url=base_url)
+        self.io = SessionIO(self.session, principal, base_url=base_url, door=self.door)
         limits = do.Limits(
             max_queued_calls=principal.max_queued_calls,
             queue_full_retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
@@ -89,9 +108,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
         frame: str | bytes = text_data if text_data is not None else (bytes_data or b"")
         try:
-            message: Any = decode(frame)
+            message: Message | ProtocolError | None = self.read_frame(frame)
         except ProtocolError as error:
             message = error
+        if message is None:
+            return
         async with self.serial:
             await self.perform(self.session.receive(message))
 

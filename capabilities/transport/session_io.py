@@ -15,7 +15,7 @@ from django.utils import timezone
 from capabilities.access.principal import Principal
 from capabilities.calls import budgets, cancellation, resumption, session_records, start
 from capabilities.jobs import lifecycle
-from capabilities.models import CancelSource, Job
+from capabilities.models import CancelSource, Door, Job
 from capabilities.session import machine
 from capabilities.session.actions import (
     Action,
@@ -50,10 +50,13 @@ def record_of(job: Job) -> CallRecord:
 class SessionIO:
     """One connection's calls to the call service, on behalf of its session."""
 
-    def __init__(self, session: Session, principal: Principal, *, base_url: str) -> None:
+    def __init__(
+        self, session: Session, principal: Principal, *, base_url: str, door: Door
+    ) -> None:
         self.session = session
         self.principal = principal
         self.base_url = base_url
+        self.door = door
 
     @property
     def session_id(self) -> str:
@@ -70,6 +73,7 @@ class SessionIO:
                 action.message,
                 origin=origin,
                 resume_token=action.resume_token,
+                door=self.door,
             )
         except budgets.OverBudget as over:
             return self.session.open_refused(over.error)
@@ -87,7 +91,7 @@ class SessionIO:
         call = start.CallRequest(
             session_id=self.session_id,
             call_id=action.call_id,
-            request_id=action.request_id,
+            request_id=action.stored_request_id,
             capability=action.capability,
             params=action.params,
             timeout_ms=action.timeout_ms,

@@ -18,6 +18,7 @@ from capabilities.access import page_tokens
 from capabilities.access.origins import BadOrigin, normalize_all
 from capabilities.calls import availability
 from capabilities.calls.app_info import app_info
+from capabilities.calls.manifest import capability_entries
 from capabilities.protocol import PROTOCOL_VERSION
 from capabilities.work import registry
 
@@ -54,10 +55,7 @@ def manifest_data() -> dict[str, object]:
     return {
         "abp": PROTOCOL_VERSION,
         "app": app_info(),
-        "capabilities": [
-            {**spec.describe(), "available": available.get(spec.name, False)}
-            for spec in registry.all_specs()
-        ],
+        "capabilities": capability_entries(available),
     }
 
 

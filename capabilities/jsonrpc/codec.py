@@ -1,0 +1,185 @@
+"""Decode JSON-RPC 2.0 frames into the session's typed messages.
+
+`decode` returns a message, None for a notification nobody answers (unknown or
+malformed ones are ignored, as JSON-RPC and ACP ask), or raises ProtocolError with a
+code and whatever id it could read, whatever the input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from capabilities.protocol import (
+    AgentInfo,
+    CallOptions,
+    CallRequest,
+    CancelPendingRequest,
+    CancelRequest,
+    ErrorCode,
+    Features,
+    Initialize,
+    ListCapabilities,
+    Message,
+    ProtocolError,
+    RequestId,
+    ResumeRequest,
+    Shutdown,
+)
+from capabilities.protocol.codec import call_id_of, progress_token_of, timeout_ms_of
+from capabilities.protocol.fields import FieldError, Fields
+
+# An id's JSON text is stored with its job (Job.request_id holds 200 characters).
+MAX_ID_JSON_LENGTH = 200
+CANCEL_REQUEST = "$/cancel_request"
+SHUTDOWN = "_abp/shutdown"
+
+
+def decode(text: str | bytes) -> Message | None:
+    """One frame's message; None to ignore it; ProtocolError (coded) to refuse it."""
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, TypeError, RecursionError) as exc:
+        # Only the class goes on the wire: JSON error texts may quote the input.
+        raise ProtocolError(ErrorCode.PARSE_ERROR, "Frame is not valid JSON.") from exc
+    if isinstance(raw, list):
+        raise ProtocolError(
+            ErrorCode.INVALID_REQUEST, "Batches are not accepted: send one message per frame."
+        )
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.INVALID_REQUEST, "A message must be a JSON object.")
+    method = raw.get("method")
+    if "id" not in raw and isinstance(method, str) and raw.get("jsonrpc") == "2.0":
+        return _notification(method, raw.get("params"))
+    if "method" not in raw and ("result" in raw or "error" in raw):
+        return None  # a response, though we send no requests
+    request_id = _request_id(raw.get("id"))
+    if request_id is None:
+        raise ProtocolError(
+            ErrorCode.INVALID_REQUEST,
+            "'id' must be a string or a number (at most 200 characters as JSON).",
+            details={"path": "id"},
+        )
+    if raw.get("jsonrpc") != "2.0" or not isinstance(method, str):
+        raise ProtocolError(
+            ErrorCode.INVALID_REQUEST,
+            'A request needs "jsonrpc": "2.0" and a string "method".',
+            request_id=request_id,
+            request_type=method[:80] if isinstance(method, str) else None,
+        )
+    return _request(request_id, method, raw.get("params"))
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _request_id(value: Any) -> RequestId | None:
+    """A usable id: a string or a finite number, short enough to store."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if len(json.dumps(value)) > MAX_ID_JSON_LENGTH:
+        return None
+    return value
+
+
+def _notification(method: str, params: Any) -> Message | None:
+    fields = params if isinstance(params, dict) else {}
+    if method == CANCEL_REQUEST:
+        request_id = _request_id(fields.get("requestId"))
+        return None if request_id is None else CancelPendingRequest(request_id=request_id)
+    if method == SHUTDOWN:
+        reason = fields.get("reason")
+        return Shutdown(id=None, reason=reason[:200] if isinstance(reason, str) else None)
+    return None
+
+
+def _request(request_id: RequestId, method: str, params: Any) -> Message:
+    decoder = _DECODERS.get(method)
+    if decoder is None:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_MESSAGE_TYPE,
+            f"Method not found: {method[:80]!r}.",
+            request_id=request_id,
+            request_type=method[:80],
+        )
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ProtocolError(
+            ErrorCode.INVALID_PARAMS,
+            "'params' must be an object.",
+            request_id=request_id,
+            request_type=method,
+            details={"path": "params"},
+        )
+    try:
+        return decoder(request_id, Fields(params, "params"))
+    except FieldError as error:
+        raise ProtocolError(
+            error.code,
+            error.message,
+            request_id=request_id,
+            request_type=method,
+            details={"path": error.path},
+        ) from None
+
+
+def _decode_initialize(request_id: RequestId, params: Fields) -> Message:
+    client = params.object("clientInfo")
+    meta = params.object("_meta")
+    resume = None
+    if meta.get("abp/resume") is not None:
+        fields = meta.object("abp/resume")
+        resume = ResumeRequest(session_id=fields.text("sessionId"), token=fields.text("token"))
+    version = params.get("protocolVersion")
+    return Initialize(
+        id=request_id,
+        agent=AgentInfo(
+            name=client.optional_text("name") or "", version=client.optional_text("version") or ""
+        ),
+        protocol_version=str(version)[:20] if version is not None else "1",
+        features=Features(notifications=meta.boolean("abp/notifications", False), progress=True),
+        resume=resume,
+    )
+
+
+def _decode_call(request_id: RequestId, params: Fields) -> Message:
+    return CallRequest(
+        id=request_id,
+        capability=params.text("capability"),
+        params=params.object("params").data,
+        options=CallOptions(
+            timeout_ms=timeout_ms_of(params, "timeout"),
+            progress_token=progress_token_of(params.object("_meta"), "progressToken"),
+            call_id=call_id_of(params, "callId"),
+        ),
+    )
+
+
+def _decode_cancel(request_id: RequestId, params: Fields) -> Message:
+    call_id = call_id_of(params, "callId")
+    if call_id is None:
+        raise FieldError(ErrorCode.MISSING_PARAM, "'params.callId' is required.", "params.callId")
+    return CancelRequest(id=request_id, call_id=call_id, reason=params.optional_text("reason"))
+
+
+def _decode_shutdown(request_id: RequestId, params: Fields) -> Message:
+    return Shutdown(id=request_id, reason=params.optional_text("reason"))
+
+
+def _decode_list(request_id: RequestId, params: Fields) -> Message:
+    return ListCapabilities(id=request_id)
+
+
+_DECODERS: dict[str, Callable[[RequestId, Fields], Message]] = {
+    "initialize": _decode_initialize,
+    "_abp/capabilities/list": _decode_list,
+    "_abp/call": _decode_call,
+    "_abp/cancel": _decode_cancel,
+    SHUTDOWN: _decode_shutdown,
+}
