@@ -1773,7 +1773,7 @@ class ShellWorld(RuleBasedStateMachine):
         resumable = self.limits.resumable and not row.ended
         message = self.initialize(ResumeRequest(session_id=row.session_id, token=self.agent_token))
         self.feed(conn, "receive", lambda: conn.session.receive(message))
-        [reply] = self.replies_to(message.id)
+        [reply] = self.replies_to(str(message.id))
         if resumable:
             assert reply["payload"]["sessionId"] == row.session_id
             assert conn.session.state is ConnectionState.OPEN
@@ -2127,7 +2127,7 @@ class ShellWorld(RuleBasedStateMachine):
             job_id=f"job-{next(self.job_numbers)}",
             session_id=session_id,
             call_id=action.call_id,
-            request_id=action.request_id,
+            request_id=action.stored_request_id,
         )
         self.jobs[job.job_id] = self.by_request[job.request_id] = job
         return conn.session.call_started(job.record())
