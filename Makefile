@@ -14,6 +14,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MCP_TS := tests/mcp_typescript
 MCP_TS_STAMP := $(MCP_TS)/node_modules/.installed
+ACP_TS := tests/acp_typescript
+ACP_TS_STAMP := $(ACP_TS)/node_modules/.installed
 
 # Not 6379: a system Redis often runs there already.
 REDIS_PORT ?= 6399
@@ -121,13 +123,18 @@ lint: deps
 	$(BIN)/lint-imports
 
 # The tests start their own Redis, Celery worker and beat and Daphne (tests/conftest.py).
-test: deps lint $(MCP_TS_STAMP)
+test: deps lint $(MCP_TS_STAMP) $(ACP_TS_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The MCP TypeScript SDK the tests drive /mcp with, from the committed lock file;
 # installed again only when the lock is newer than the stamp.
 $(MCP_TS_STAMP): $(MCP_TS)/package-lock.json
 	cd $(MCP_TS) && npm ci --no-audit --no-fund
+	@touch $@
+
+# The ACP TypeScript SDK the tests drive /abp/rpc with, the same way.
+$(ACP_TS_STAMP): $(ACP_TS)/package-lock.json
+	cd $(ACP_TS) && npm ci --no-audit --no-fund
 	@touch $@
 
 bench: deps
