@@ -158,7 +158,9 @@ class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="jobs")
     call_id = models.CharField(max_length=200)
-    request_id = models.CharField(max_length=200, blank=True)
+    # The request's id as its door keeps it: ABP's as sent (200 characters at most),
+    # JSON-RPC's as JSON text (a 200-character string, escaped, plus its quotes).
+    request_id = models.CharField(max_length=1210, blank=True)
     capability = models.CharField(max_length=100)
     params = models.JSONField(default=dict)
     # Parameters kept in storage instead of the row (capabilities.jobs.inputs): the

@@ -355,10 +355,22 @@ def test_refused_frames_carry_their_code(text: str, code: str) -> None:
     assert refused.value.code == code
 
 
-def test_an_id_too_long_to_store_is_refused() -> None:
-    with pytest.raises(ProtocolError):
-        codec.decode(frame("initialize", id="x" * 199))
-    assert isinstance(codec.decode(frame("initialize", id="x" * 198)), Initialize)
+@pytest.mark.parametrize("request_id", ["x" * 201, "\ud800", "a\x00b", 10**200])
+def test_an_id_no_store_can_hold_is_refused(request_id: Any) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        codec.decode(frame("initialize", id=request_id))
+    assert refused.value.code == ErrorCode.INVALID_REQUEST
+    assert refused.value.request_id is None
+
+
+@pytest.mark.parametrize("request_id", ["x" * 200, "é" * 200, '"\\' * 100, 10**199])
+def test_ids_up_to_the_limit_are_taken_and_stored_whole(request_id: Any) -> None:
+    message = codec.decode(frame("initialize", id=request_id))
+    assert isinstance(message, Initialize)
+    assert message.id == request_id
+    stored = replies.store_id(request_id)
+    assert len(stored) <= 1210  # Job.request_id
+    assert replies.load_id(stored) == request_id
 
 
 @pytest.mark.parametrize(

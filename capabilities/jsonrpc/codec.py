@@ -30,9 +30,10 @@ from capabilities.protocol import (
 )
 from capabilities.protocol.codec import call_id_of, progress_token_of, timeout_ms_of
 from capabilities.protocol.fields import FieldError, Fields
+from capabilities.protocol.text import unstorable
 
-# An id's JSON text is stored with its job (Job.request_id holds 200 characters).
-MAX_ID_JSON_LENGTH = 200
+# Ids are stored with their job: strings up to 200 characters, numbers up to 200 digits.
+MAX_ID_LENGTH = 200
 CANCEL_REQUEST = "$/cancel_request"
 SHUTDOWN = "_abp/shutdown"
 
@@ -59,7 +60,8 @@ def decode(text: str | bytes) -> Message | None:
     if request_id is None:
         raise ProtocolError(
             ErrorCode.INVALID_REQUEST,
-            "'id' must be a string or a number (at most 200 characters as JSON).",
+            "'id' must be a string (at most 200 characters, no NUL, no lone surrogate) "
+            "or a number.",
             details={"path": "id"},
         )
     if raw.get("jsonrpc") != "2.0" or not isinstance(method, str):
@@ -77,14 +79,14 @@ def _reject_constant(name: str) -> float:
 
 
 def _request_id(value: Any) -> RequestId | None:
-    """A usable id: a string or a finite number, short enough to store."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
+    """A usable id: a string every store can hold, or a finite number; short enough."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_ID_LENGTH and not unstorable(value) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if len(json.dumps(value)) > MAX_ID_JSON_LENGTH:
-        return None
-    return value
+    return value if len(json.dumps(value)) <= MAX_ID_LENGTH else None
 
 
 def _notification(method: str, params: Any) -> Message | None:

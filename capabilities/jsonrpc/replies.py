@@ -20,7 +20,7 @@ UNIQUE_REQUEST_IDS = True
 
 def store_id(request_id: RequestId) -> str:
     """The id's JSON text: `7` and `"7"` stay two ids, and come back as they were."""
-    return json.dumps(request_id)
+    return json.dumps(request_id, ensure_ascii=False)
 
 
 def load_id(stored: str) -> RequestId:
