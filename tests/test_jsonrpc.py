@@ -112,10 +112,11 @@ def wait_stopped_by_cancel(stack: Stack, agent: RpcAgent, call_id: str) -> Job:
     return job
 
 
-def assert_cancelled(response: Message, call_id: str) -> None:
-    """The response is the call's -32800 CANCELLED."""
+def assert_cancelled(response: Message, call_id: str, source: str = "agent") -> None:
+    """The response is the call's -32800 CANCELLED, by `source`."""
     data = assert_error(response, -32800, "CANCELLED")
     assert data["callId"] == call_id, response
+    assert data["details"] == {"source": source}, response
 
 
 def refusal(agent: RpcAgent) -> tuple[dict[str, Any], int | None]:
@@ -768,6 +769,7 @@ def test_a_timeout_answers_minus_32800_timeout(rpc: RpcAgent) -> None:
     data = assert_error(rpc.response(request_id), -32800, "TIMEOUT")
     assert data["callId"] == call_id
     assert data["retryable"] is True
+    assert data["details"] == {"source": "timeout"}
     job = wait_job(rpc, call_id, stopped_at__isnull=False)
     assert job.status == JobStatus.CANCELLED
     assert job.cancel_source == CancelSource.TIMEOUT
@@ -778,7 +780,7 @@ def test_an_operators_cancel_answers_minus_32800(stack: Stack, rpc: RpcAgent) ->
     request_id = rpc.call("test.sleep", LONG, call_id=call_id)
     job = wait_running(rpc, call_id)
     assert cancellation.cancel(job.id, source=CancelSource.OPERATOR, reason="by an operator")
-    assert_cancelled(rpc.response(request_id), call_id)
+    assert_cancelled(rpc.response(request_id), call_id, "operator")
     done = wait_stopped_by_cancel(stack, rpc, call_id)
     assert (done.status, done.cancel_source) == (JobStatus.CANCELLED, CancelSource.OPERATOR)
     rpc.drain(0.3)
@@ -800,7 +802,7 @@ def test_shutdown_answers_calls_in_flight_then_itself_then_closes(
 
     assert code == 1000
     [answer] = rpc.responses_to(request_id)
-    assert_cancelled(answer, call_id)
+    assert_cancelled(answer, call_id, "shutdown")
     [reply] = rpc.responses_to(shutdown)
     assert reply["result"] == {}
     assert rpc.inbox.index(answer) < rpc.inbox.index(reply)
@@ -821,7 +823,7 @@ def test_shutdown_as_a_notification_answers_calls_then_closes(rpc: RpcAgent) -> 
     rpc.notify("_abp/shutdown", {})
     assert rpc.read_until_closed() == 1000
     [answer] = rpc.responses_to(request_id)
-    assert_cancelled(answer, call_id)
+    assert_cancelled(answer, call_id, "shutdown")
     # Nothing answers the notification itself.
     assert [m for m in rpc.inbox if is_response(m)][-1] == answer
     job = wait_job(rpc, call_id, stopped_at__isnull=False)
@@ -839,7 +841,7 @@ def test_revoking_the_key_answers_calls_then_minus_32000_then_closes(stack: Stac
         key_revocation.revoke(AgentKey.objects.filter(prefix=agent_keys.prefix_of(key)))
 
         answer = agent.response(request_id)
-        assert_cancelled(answer, call_id)
+        assert_cancelled(answer, call_id, "operator")
         data, code = refusal(agent)
         assert data["details"] == {"reason": "key-revoked", "closeCode": 4403}
         assert code == 4403

@@ -180,6 +180,7 @@ def test_cancel_request_settles_the_call_its_request_made_and_answers_it_cancell
     assert answer["error"]["code"] == -32800
     assert answer["error"]["data"]["code"] == "CANCELLED"
     assert answer["error"]["data"]["callId"] == "c-7"
+    assert answer["error"]["data"]["details"] == {"source": "agent"}
     assert StopWork(job_id="job-7") in actions
     # Answered: a second cancel changes nothing, and the id is free again.
     assert feed(session, frame("$/cancel_request", {"requestId": 7})) == []

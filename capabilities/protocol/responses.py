@@ -53,13 +53,19 @@ def unknown_capability(name: str) -> WireError:
 
 
 def cancelled_error(source: str) -> WireError:
-    """The error of a cancelled call: TIMEOUT for a timeout, CANCELLED for the rest."""
+    """The error of a cancelled call: TIMEOUT for a timeout, CANCELLED for the rest.
+
+    `details.source` says who cancelled it (agent, operator, shutdown, disconnect).
+    """
     if source == "timeout":
-        return WireError(code=ErrorCode.TIMEOUT, message="The call timed out.")
+        return WireError(
+            code=ErrorCode.TIMEOUT, message="The call timed out.", details={"source": source}
+        )
     return WireError(
         code=ErrorCode.CANCELLED,
         message=f"The call was cancelled ({CANCEL_SOURCE_LABELS[source].lower()}).",
         retryable=False,
+        details={"source": source},
     )
 
 
