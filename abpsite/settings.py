@@ -220,6 +220,62 @@ STATIC_ROOT = (
 )
 MEDIA_ROOT = Path(os.environ.get("DJANGO_MEDIA_ROOT", BASE_DIR / "var" / "media"))
 MEDIA_URL = "media/"
+
+# Result files and spilled inputs go through Django's default storage, so any
+# django-storages backend works (a settings module of your own may set STORAGES).
+# From the environment: the filesystem under MEDIA_ROOT (the default; all web and
+# worker processes must share it), or an S3-compatible bucket (Amazon S3, MinIO,
+# Cloudflare R2). docs/operating.md#storage.
+_STORAGE_BACKEND = os.environ.get("ABP_STORAGE_BACKEND", "").strip().lower() or "filesystem"
+_default_storage: dict[str, Any] = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+if _STORAGE_BACKEND == "s3":
+    _s3_options: dict[str, Any] = {
+        "bucket_name": os.environ.get("ABP_S3_BUCKET", "").strip(),
+        # Empty: Amazon S3. MinIO, R2 and others: their endpoint.
+        "endpoint_url": os.environ.get("ABP_S3_ENDPOINT_URL", "").strip() or None,
+        "region_name": os.environ.get("ABP_S3_REGION", "").strip() or None,
+        # Key prefix inside the bucket (a bucket shared with other things).
+        "location": os.environ.get("ABP_S3_PREFIX", "").strip().strip("/"),
+        # "path" or "virtual"; empty: botocore's choice.
+        "addressing_style": os.environ.get("ABP_S3_ADDRESSING_STYLE", "").strip() or None,
+        # Private objects; only signed (SigV4) URLs, never a public custom-domain one.
+        "default_acl": None,
+        "querystring_auth": True,
+        "signature_version": "s3v4",
+        "custom_domain": None,
+        # Files read back whole (inline results, spilled inputs) go to a temporary
+        # file past this; downloads stream the object's body instead.
+        "max_memory_size": 2 * 1024 * 1024,
+    }
+    # Keys: these, else what boto3 finds itself (AWS_ACCESS_KEY_ID and
+    # AWS_SECRET_ACCESS_KEY, a profile, an instance or task role).
+    if os.environ.get("ABP_S3_ACCESS_KEY_ID"):
+        _s3_options["access_key"] = os.environ["ABP_S3_ACCESS_KEY_ID"]
+        _s3_options["secret_key"] = os.environ.get("ABP_S3_SECRET_ACCESS_KEY", "")
+    if not _s3_options["bucket_name"]:
+        raise ImproperlyConfigured("ABP_STORAGE_BACKEND=s3 needs ABP_S3_BUCKET.")
+    _default_storage = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": _s3_options}
+elif _STORAGE_BACKEND != "filesystem":
+    raise ImproperlyConfigured(
+        f"ABP_STORAGE_BACKEND must be filesystem or s3, not {_STORAGE_BACKEND!r}."
+    )
+STORAGES: dict[str, dict[str, Any]] = {
+    "default": _default_storage,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# Large results' download URLs are always ours (/abp/files/...: session, expiry and
+# retention checked first). Then the web process streams the file (the default), or,
+# with ABP_DOWNLOAD_REDIRECT on a store that signs URLs (S3), answers 302 with the
+# store's signed URL, valid ABP_DOWNLOAD_REDIRECT_SECONDS at most.
+ABP_STORAGE: dict[str, Any] = {
+    "BACKEND": _STORAGE_BACKEND,
+    "DOWNLOAD_REDIRECT": _env_bool("ABP_DOWNLOAD_REDIRECT", False),
+    "DOWNLOAD_REDIRECT_SECONDS": _env_int("ABP_DOWNLOAD_REDIRECT_SECONDS", 60),
+}
+if ABP_STORAGE["DOWNLOAD_REDIRECT"] and _STORAGE_BACKEND == "filesystem":
+    raise ImproperlyConfigured("ABP_DOWNLOAD_REDIRECT needs a store that signs URLs (s3).")
+if not 1 <= ABP_STORAGE["DOWNLOAD_REDIRECT_SECONDS"] <= 7 * 24 * 3600:
+    raise ImproperlyConfigured("ABP_DOWNLOAD_REDIRECT_SECONDS must be 1 to 604800 (7 days).")
 # Served straight from the apps' and STATICFILES_DIRS' folders: no collectstatic step
 # to forget; WhiteNoise answers with CORS allowed (module imports from other sites).
 WHITENOISE_USE_FINDERS = True

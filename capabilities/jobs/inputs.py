@@ -6,6 +6,11 @@ query on the table. A `{content: <base64>, ...}` parameter over SPILL_BYTES is
 written to storage as it came; the row keeps `content: null` in the params and the
 file's name in a column of its own (`Job.spilled`), which agents cannot write. The
 worker puts the text back before the runner sees the parameters: runners never know.
+
+Storage is Django's default storage: the filesystem, or an S3 bucket that Daphne
+writes to and a worker on another host reads back (docs/operating.md#storage).
+Each job's files sit under `inputs/<job id>/`; the worker deletes them when the
+work is over, and retention (retention.py) those of jobs that never ran.
 """
 
 from __future__ import annotations

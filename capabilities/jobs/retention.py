@@ -1,13 +1,22 @@
 """What is kept, and for how long: result files, then job rows and ended sessions.
 
 Run by Celery beat (`abp.clean_up`). Result files go RESULT_RETENTION_SECONDS after
-their job settled (their download URLs then answer 410); job rows, and ended
-sessions left without jobs, go JOB_RETENTION_DAYS after.
+their job settled (their download URLs answer 410 from then on, even before this
+runs); job rows, and ended sessions left without jobs, go JOB_RETENTION_DAYS after.
+
+Files are found through the storage API alone, so it works on any of Django's
+storages: each job's files sit under `results/<job id>/` and `inputs/<job id>/`,
+and `listdir` gives the job ids. On an object store (S3) those folders are only key
+prefixes: a missing one lists as empty, one exists while it holds an object, and
+listing costs one LIST request per 1,000 jobs, plus one LIST and one DELETE per
+object removed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -15,18 +24,20 @@ from django.core.files.storage import default_storage
 from django.db.models import Q
 from django.utils import timezone
 
+from capabilities.jobs.download_links import RESULTS_DIR
 from capabilities.jobs.inputs import INPUTS_DIR
 from capabilities.models import AgentSession, Job
 
 logger = logging.getLogger(__name__)
 
-RESULTS_DIR = "results"
 # Spilled inputs of jobs that never ran (cancelled while queued) are left behind.
 FOLDERS = (RESULTS_DIR, INPUTS_DIR)
+# Job ids per query (SQLite's bound on a statement's parameters is far above this).
+BATCH = 500
 
 
 def clean_up() -> tuple[int, int]:
-    """One pass; returns (result folders removed, job rows removed)."""
+    """One pass; returns (job folders removed, job rows removed)."""
     now = timezone.now()
     files_before = now - timedelta(seconds=settings.ABP["RESULT_RETENTION_SECONDS"])
     rows_before = now - timedelta(days=settings.ABP["JOB_RETENTION_DAYS"])
@@ -34,26 +45,52 @@ def clean_up() -> tuple[int, int]:
     deleted_jobs, _ = Job.objects.filter(settled_at__lt=rows_before).delete()
     AgentSession.objects.filter(closed_at__lt=rows_before, jobs__isnull=True).delete()
     if folders or deleted_jobs:
-        logger.info("Removed %d result folders and %d old jobs", folders, deleted_jobs)
+        logger.info("Removed %d job folders and %d old jobs", folders, deleted_jobs)
     return folders, deleted_jobs
 
 
 def _remove_old_files(top: str, settled_before: datetime) -> int:
-    if not default_storage.exists(top):
+    """Delete the folders under `top` of jobs settled before then, or gone."""
+    try:
+        names, _ = default_storage.listdir(top)
+    except FileNotFoundError:  # the filesystem, before the first file
         return 0
-    folders, _ = default_storage.listdir(top)
-    keep = set(
-        Job.objects.filter(pk__in=folders)
-        .filter(Q(settled_at__isnull=True) | Q(settled_at__gte=settled_before))
-        .values_list("id", flat=True)
-    )
-    kept = {str(job_id) for job_id in keep}
+    # Only folders named by a job id are ours to judge.
+    folders = {name: _job_id(name) for name in names}
+    ids = [job_id for job_id in folders.values() if job_id is not None]
+    kept: set[uuid.UUID] = set()
+    for start in range(0, len(ids), BATCH):
+        kept.update(
+            Job.objects.filter(pk__in=ids[start : start + BATCH])
+            .filter(Q(settled_at__isnull=True) | Q(settled_at__gte=settled_before))
+            .values_list("id", flat=True)
+        )
     removed = 0
-    for folder in folders:
-        if folder in kept:
+    for name, job_id in folders.items():
+        if job_id is None or job_id in kept:
             continue
-        path = f"{top}/{folder}"
-        for name in default_storage.listdir(path)[1]:
-            default_storage.delete(f"{path}/{name}")
+        path = f"{top}/{name}"
+        for file_name in default_storage.listdir(path)[1]:
+            default_storage.delete(f"{path}/{file_name}")
+        _remove_empty_folder(path)
         removed += 1
     return removed
+
+
+def _job_id(name: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(name)
+    except ValueError:
+        return None
+
+
+def _remove_empty_folder(path: str) -> None:
+    """On the filesystem, the folder itself (an object store has no folders to remove)."""
+    try:
+        local = default_storage.path(path)
+    except NotImplementedError:
+        return
+    try:
+        os.rmdir(local)
+    except OSError:
+        logger.warning("Could not remove the folder %s", local)
