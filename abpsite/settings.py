@@ -5,6 +5,7 @@ Every key is listed, with its default, in `.env.example`.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -489,15 +490,64 @@ ABP: dict[str, Any] = {
 DEV_SUPERUSER_USERNAME = os.environ.get("DJANGO_DEV_SUPERUSER_USERNAME", "admin")
 DEV_SUPERUSER_PASSWORD = os.environ.get("DJANGO_DEV_SUPERUSER_PASSWORD", "admin")
 
+# /metrics for Prometheus (capabilities/web/metrics.py; docs/operating.md#health-and-metrics):
+# off (404) unless a bearer token or allowed client addresses are set, and with both a
+# scrape needs both. Development allows loopback. Addresses (or networks) are the
+# client's as resolved through ABP_TRUSTED_PROXIES. The windowed metrics (jobs settled,
+# run time, queue wait, cancel to stop) cover the last WINDOW_SECONDS.
+ABP_METRICS: dict[str, Any] = {
+    "TOKEN": os.environ.get("ABP_METRICS_TOKEN", "").strip(),
+    "ALLOWED_IPS": _env_list("ABP_METRICS_ALLOWED_IPS", "127.0.0.1,::1" if DEVELOPMENT else ""),
+    "WINDOW_SECONDS": _env_float("ABP_METRICS_WINDOW_SECONDS", 300.0),
+}
+for _entry in ABP_METRICS["ALLOWED_IPS"]:
+    try:
+        ipaddress.ip_network(_entry, strict=False)
+    except ValueError as _error:
+        raise ImproperlyConfigured(
+            f"ABP_METRICS_ALLOWED_IPS: {_entry!r} is not an IP address or network."
+        ) from _error
+if not DEVELOPMENT and 0 < len(ABP_METRICS["TOKEN"]) < 32:
+    raise ImproperlyConfigured("ABP_METRICS_TOKEN is too short: at least 32 random characters.")
+if not 10 <= ABP_METRICS["WINDOW_SECONDS"] <= 24 * 3600:
+    raise ImproperlyConfigured("ABP_METRICS_WINDOW_SECONDS must be 10 to 86400.")
+
+# Logs go to stderr as text (`time level logger: message`) or, with ABP_LOG_FORMAT=json,
+# as one JSON object a line (python-json-logger). Job events (capabilities/jobs/events.py:
+# created, dispatched, started, settled, stopped, with callId, sessionId, agent,
+# capability, queue and door) are logged by `abp.jobs` at INFO when ABP_LOG_JOB_EVENTS
+# is on, by default only with JSON logs.
+LOG_FORMAT = os.environ.get("ABP_LOG_FORMAT", "").strip().lower() or "text"
+if LOG_FORMAT not in {"text", "json"}:
+    raise ImproperlyConfigured(f"ABP_LOG_FORMAT must be text or json, not {LOG_FORMAT!r}.")
+LOG_JOB_EVENTS = _env_bool("ABP_LOG_JOB_EVENTS", LOG_FORMAT == "json")
 LOG_LEVEL = os.environ.get("DJANGO_LOG_LEVEL", "INFO")
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "formatters": {
+        # Records of abp.* loggers get their fields appended as key=value.
+        "plain": {
+            "()": "abpsite.log_formats.PlainFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        },
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(process)d %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger", "process": "pid"},
+            "timestamp": "time",
+        },
+    },
     "filters": {"revoke_without_backend": {"()": "abpsite.log_filters.RevokeWithoutResultBackend"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        "abp.jobs": {"level": "INFO" if LOG_JOB_EVENTS else "WARNING"},
         # WeasyPrint's progress logger is read by our own handler, not printed.
         "weasyprint.progress": {"level": "INFO", "propagate": False, "handlers": []},
         "weasyprint": {"level": "ERROR"},

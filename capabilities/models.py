@@ -233,6 +233,8 @@ class Job(models.Model):
                 fields=("status", "queue", "dispatched_at", "created_at"),
                 name="job_dispatch_idx",
             ),
+            # /metrics: jobs settled within its window (capabilities/web/metrics_collector.py).
+            models.Index(fields=("settled_at",), name="job_settled_idx"),
         )
 
     def __str__(self) -> str:

@@ -18,10 +18,8 @@ import uuid
 from collections.abc import Awaitable
 from datetime import datetime
 
-from django.utils import timezone
-
 from capabilities.jobs import abort_flags, dispatch, notes, queue
-from capabilities.jobs.lifecycle import Outcome, settle
+from capabilities.jobs.lifecycle import Outcome, record_stopped, settle
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job
 from capabilities.protocol import ErrorCode, WireError
 
@@ -94,9 +92,7 @@ def fail_lost(job_id: uuid.UUID | str, *, last_seen: datetime | None = None) -> 
     )
     if not settle(job_id, Outcome.failed(error)):
         return False
-    Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(
-        stopped_at=last_seen or timezone.now()
-    )
+    record_stopped(job_id, at=last_seen)
     tell_session(job_id)
     # Its worker slot is free (or its worker gone, which the pump reads).
     dispatch.pump_safely()

@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from capabilities.jobs import dispatch, inputs, notes, queue, row_updates
+from capabilities.jobs import dispatch, events, inputs, notes, queue, row_updates
 from capabilities.jobs.slot_counts import SlotCounts
 from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import WireError, responses
@@ -113,8 +113,25 @@ def create_job(
         job.save(force_insert=True)
     except IntegrityError as exc:
         raise CallIdInUse(call_id) from exc
+    if events.enabled():
+        transaction.on_commit(lambda: _log_created(job))
     transaction.on_commit(lambda: dispatch.created(job))
     return job
+
+
+def _log_created(job: Job) -> None:
+    """The `created` event, and `dispatched` too for a job handed over as it was made."""
+    for event in ("created", "dispatched") if job.dispatched_at else ("created",):
+        events.emit(
+            event,
+            job.id,
+            call_id=job.call_id,
+            session_id=job.session_id,
+            agent=job.principal,
+            capability=job.capability,
+            queue=job.queue,
+            door=events.door_of(job.session_id),
+        )
 
 
 def settle(
@@ -180,12 +197,14 @@ def heartbeat(job_id: str) -> None:
     row_updates.update_if(job_id, (JobStatus.RUNNING,), {"heartbeat_at": timezone.now()})
 
 
-def record_stopped(job_id: str, *, hard_killed: bool = False) -> None:
-    """Record when the work really stopped (first report wins)."""
-    fields: dict[str, Any] = {"stopped_at": timezone.now()}
+def record_stopped(
+    job_id: uuid.UUID | str, *, hard_killed: bool = False, at: datetime | None = None
+) -> None:
+    """Record when the work really stopped (`at`, default now; first report wins)."""
+    fields: dict[str, Any] = {"stopped_at": at or timezone.now()}
     if hard_killed:
         fields["hard_killed"] = True
-    Job.objects.filter(pk=job_id, stopped_at__isnull=True).update(**fields)
+    row_updates.update_if(job_id, (), fields, where_null="stopped_at")
 
 
 def claim_delivery(job_id: uuid.UUID | str) -> bool:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from capabilities.web import downloads, views
+from capabilities.web import downloads, health, metrics, views
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -11,4 +11,8 @@ urlpatterns = [
     path("abp/demo/", views.demo, name="abp-demo"),
     path("abp/page-token/", views.page_token, name="abp-page-token"),
     path("abp/files/<str:token>/<str:filename>", downloads.download, name="abp-download"),
+    # Operators': liveness, readiness, Prometheus (docs/operating.md#health-and-metrics).
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
 ]
