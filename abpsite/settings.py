@@ -100,6 +100,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /readyz before host validation and the HTTPS redirect.
+    "capabilities.web.probes.probes_first",
     "django.middleware.security.SecurityMiddleware",
     # Daphne serves no static files: WhiteNoise serves the admin's and ours.
     "whitenoise.middleware.WhiteNoiseMiddleware",

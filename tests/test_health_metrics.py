@@ -87,6 +87,19 @@ def test_healthz_answers_without_touching_anything(stack: Stack) -> None:
     assert refused.value.code in {403, 405}  # CSRF, or the view: GET and HEAD only
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_probes_answer_any_host_over_plain_http(stack: Stack, path: str) -> None:
+    """An orchestrator probes the container's own address, in no ALLOWED_HOSTS."""
+    request = urllib.request.Request(f"{stack.http_url}{path}", headers={"Host": "10.0.0.7:8000"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+    other = urllib.request.Request(f"{stack.http_url}/abp.json", headers={"Host": "10.0.0.7:8000"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(other, timeout=5)
+    refused.value.close()
+    assert refused.value.code == 400  # the rest of the site still validates the host
+
+
 def test_readyz_is_ready_with_the_database_redis_and_live_workers(stack: Stack) -> None:
     status, headers, body = get(f"{stack.http_url}/readyz")
     answer = json.loads(body)
