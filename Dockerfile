@@ -1,5 +1,5 @@
-# Production image: the web (Daphne), worker and beat services of docker-compose.yml
-# all run it, each with its own command.
+# Production image: every service of docker-compose.yml runs it, each as
+# `scripts/serve ROLE` (web, worker, small, beat, migrate).
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -26,9 +26,13 @@ ENV PYTHONPATH=/app \
     DJANGO_MEDIA_ROOT=/app/var/media
 
 USER app
+# Daphne listens on every interface of the container, on PORT.
+ENV WEB_BIND=0.0.0.0 \
+    PORT=8000
 EXPOSE 8000
-# The web service (docker-compose.yml runs the same command): Django's system checks
-# first, since Daphne runs none (production refuses to start while an account has the
-# development password), then Daphne with the WebSocket frame limit from
-# ABP_MAX_FRAME_BYTES (16 MiB unless set), as in the Procfile. A shell expands it.
-CMD ["/bin/sh", "-c", "python manage.py check && exec daphne -b 0.0.0.0 -p 8000 --websocket-max-message-size ${ABP_MAX_FRAME_BYTES:-16777216} --websocket-max-frame-size ${ABP_MAX_FRAME_BYTES:-16777216} abpsite.asgi:application"]
+# The web service: scripts/serve runs Django's system checks first (Daphne runs none;
+# production refuses to start with unsafe settings or the development password), then
+# Daphne with the WebSocket frame limit from ABP_MAX_FRAME_BYTES. docker-compose.yml
+# runs the same script for every service (`scripts/serve worker|small|beat|migrate`),
+# and so do the Procfile and the end-to-end tests.
+CMD ["scripts/serve", "web"]

@@ -1,16 +1,15 @@
 """Production settings refuse unsafe values at start; development ones start as they are.
 
 Each case runs Django's `check --deploy` in a subprocess with its own environment,
-as an operator's `manage.py` or Daphne would load the settings. The web commands
-(Procfile, Dockerfile, docker-compose.yml) run the checks before Daphne.
+as an operator's `manage.py` or Daphne would load the settings. The web command
+(`scripts/serve web`, which the Procfile, the Dockerfile and docker-compose.yml run) runs
+the checks before Daphne: tests/test_production_stack.py checks it.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
-import re
 import subprocess
 import sys
 import uuid
@@ -188,43 +187,3 @@ def test_make_run_makes_no_development_superuser_outside_debug() -> None:
         call_command("ensure_dev_superuser", "--skip-unless-debug", stdout=out)
     assert out.getvalue() == "DEBUG is off: no development superuser.\n"
     assert not get_user_model().objects.filter(username="devpw-make-run").exists()
-
-
-def web_commands() -> dict[str, str]:
-    """The shell command each deployment file starts the web process with."""
-    procfile = re.search(r"^web: (.+)$", (ROOT / "Procfile").read_text(), re.M)
-    dockerfile = re.search(r"^CMD (\[.+\])$", (ROOT / "Dockerfile").read_text(), re.M)
-    compose = re.search(
-        r"^    command: (\[.+exec daphne.+\])$", (ROOT / "docker-compose.yml").read_text(), re.M
-    )
-    assert procfile is not None
-    assert dockerfile is not None
-    assert compose is not None
-    shells = [json.loads(dockerfile[1]), json.loads(compose[1])]
-    assert all(shell[:2] == ["/bin/sh", "-c"] for shell in shells)
-    return {
-        "Procfile": procfile[1],
-        "Dockerfile": shells[0][2],
-        # $$ is docker compose's escape for a $ the container's shell expands.
-        "docker-compose.yml": shells[1][2].replace("$$", "$"),
-    }
-
-
-def test_every_web_command_checks_first_and_passes_the_same_frame_limit() -> None:
-    default = re.search(r"^#ABP_MAX_FRAME_BYTES=(\d+)$", (ROOT / ".env.example").read_text(), re.M)
-    assert default is not None
-    assert int(default[1]) == 16 * 1024 * 1024  # settings.py's default
-    limit = f"${{ABP_MAX_FRAME_BYTES:-{default[1]}}}"
-    for name, command in web_commands().items():
-        assert command.startswith("python manage.py check && exec daphne "), name
-        assert command.endswith(" abpsite.asgi:application"), name
-        flags = dict(re.findall(r"(--websocket-max-(?:message|frame)-size) (\S+)", command))
-        assert flags == {
-            "--websocket-max-message-size": limit,
-            "--websocket-max-frame-size": limit,
-        }, name
-    # The containers get the variable too (the settings read it for the embed bridge).
-    assert (
-        "ABP_MAX_FRAME_BYTES: ${ABP_MAX_FRAME_BYTES:-16777216}"
-        in (ROOT / "docker-compose.yml").read_text()
-    )
