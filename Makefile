@@ -1,6 +1,7 @@
 # Development entry points. From a fresh clone:
 #   make run    the demo (Redis, Celery worker + beat, Daphne) at http://127.0.0.1:$(PORT)/
-#   make test   lint, then the whole test suite against a real stack
+#   make test   lint, then the whole test suite against a real stack (on SQLite)
+#   make test-postgres   the whole suite again, on a PostgreSQL database of its own
 # Both create .venv (with $(PYTHON)), install the project into it and, when root,
 # install the few system libraries WeasyPrint needs.
 
@@ -22,19 +23,23 @@ REDIS_PORT ?= 6399
 PORT ?= 8000
 WORKER_CONCURRENCY ?= 2
 PYTEST_ARGS ?=
+# The PostgreSQL server `make test-postgres` creates its database on (and drops it from).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
 # Shared libraries and fonts WeasyPrint loads at run time, and the browser the browser
-# tests drive with Playwright (Debian 12 names; no browser is ever downloaded).
+# tests drive with Playwright (Debian 12 names; no browser is ever downloaded), and the
+# HAProxy the multi-node tests put in front of two Daphnes (deploy/haproxy.cfg).
 APT_PACKAGES := libharfbuzz-subset0 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core \
-	chromium chromium-driver
+	chromium chromium-driver haproxy
 APT_GET ?= apt-get
 
-.PHONY: help deps system-deps migrate run test lint bench clean distclean
+.PHONY: help deps system-deps migrate run test test-postgres lint bench clean distclean
 
 help:
 	@echo "make run      start the demo (Redis, Celery worker and beat, Daphne) on http://127.0.0.1:$(PORT)/"
 	@echo "              variables: PORT=$(PORT) REDIS_PORT=$(REDIS_PORT) WORKER_CONCURRENCY=$(WORKER_CONCURRENCY)"
-	@echo "make test     lint, then the test suite (PYTEST_ARGS='...' is passed to pytest)"
+	@echo "make test     lint, then the test suite on SQLite (PYTEST_ARGS='...' is passed to pytest)"
+	@echo "make test-postgres  the whole suite on a fresh PostgreSQL database (TEST_DATABASE_URL=$(TEST_DATABASE_URL))"
 	@echo "make lint     ruff check, ruff format --check, mypy, import-linter (the layout's rules)"
 	@echo "make bench    run the benchmarks (bench/run_all.py)"
 	@echo "make clean    remove caches; make distclean also removes .venv, var/ and the SQLite DB"
@@ -123,7 +128,18 @@ lint: deps
 	$(BIN)/lint-imports
 
 # The tests start their own Redis, Celery worker and beat and Daphne (tests/conftest.py).
+# SQLite, whatever the shell says: a fresh clone needs no database server. The tests
+# marked `postgres` need one, so only test-postgres runs them.
+test: export ABP_TEST_DATABASE := sqlite
 test: deps lint $(MCP_TS_STAMP) $(ACP_TS_STAMP)
+	$(BIN)/python -m pytest -m "not postgres" $(PYTEST_ARGS)
+
+# The same suite, every test included, against PostgreSQL: tests/support/environment.py
+# creates a database `abp_test_<random>` on TEST_DATABASE_URL's server, every process of
+# the stack uses it, and it is dropped when the run ends. No lint: `make test` has it.
+test-postgres: export ABP_TEST_DATABASE := postgres
+test-postgres: export TEST_DATABASE_URL := $(TEST_DATABASE_URL)
+test-postgres: deps $(MCP_TS_STAMP) $(ACP_TS_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The MCP TypeScript SDK the tests drive /mcp with, from the committed lock file;

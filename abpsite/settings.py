@@ -180,14 +180,25 @@ TEMPLATES = [
 ]
 
 # Database: SQLite (WAL, busy timeout, IMMEDIATE transactions) unless DATABASE_URL says
-# otherwise. Connections are kept open: Channels' database_sync_to_async closes
-# connections older than CONN_MAX_AGE around every call, and reopening SQLite (and
-# re-running its PRAGMAs) on each cancel would cost more than the cancel itself.
+# otherwise (PostgreSQL in production). Connections are kept open: Channels'
+# database_sync_to_async closes connections older than CONN_MAX_AGE around every call,
+# and reopening SQLite (and re-running its PRAGMAs) on each cancel would cost more than
+# the cancel itself.
+#
+# No CONN_HEALTH_CHECKS: Django runs its `SELECT 1` before the first query of every
+# request, and under Channels every database_sync_to_async call is one, which cost two
+# extra round trips per small call (bench/postgres_hops.py). A PostgreSQL connection is
+# replaced once it is CONN_MAX_AGE old instead, when a call starts, so one that sat idle
+# long enough for a proxy or firewall to drop it is never used; one that breaks while in
+# use (the server restarted) fails that call's query, and Django closes it after the
+# call. Not Django's pool: it needs CONN_MAX_AGE = 0, a checkout on every call, and a
+# pool must not cross the Celery prefork fork. Celery closes its own connections
+# (CELERY_DB_REUSE_MAX below).
 DATABASES: dict[str, Any] = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
-        conn_max_age=None,
-        conn_health_checks=True,
+        conn_max_age=60,
+        conn_health_checks=False,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -198,7 +209,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         # the last commits) and avoids an fsync on every settle.
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+    # A file cannot be dropped by the network: kept for the process's life.
+    DATABASES["default"]["CONN_MAX_AGE"] = None
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -36,11 +36,13 @@ def pytest_sessionfinish() -> None:
     # A run that never started the stack still leaves its directory behind otherwise.
     STACK.remove_files()
     DATABASE_GUARD.uninstall()
+    # A PostgreSQL run's database (make test-postgres) is dropped with the run.
+    environment.remove_database()
 
 
 @pytest.fixture(scope="session")
 def database() -> None:
-    """The run's SQLite database, migrated, with the suite's agent key in it."""
+    """The run's database (SQLite, or PostgreSQL), migrated, with the suite's agent key."""
     environment.migrate()
 
 

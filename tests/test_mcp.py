@@ -26,7 +26,7 @@ from capabilities.models import AgentKey, AgentSession, CancelSource, Door, Job,
 from tests.support.admin_clients import client_for
 from tests.support.mcp_clients import RawSession, official_client, suite_key
 from tests.support.stack import Stack
-from tests.support.waiting import eventually, eventually_async
+from tests.support.waiting import eventually, eventually_async, in_thread
 
 pytestmark = pytest.mark.usefixtures("database")
 
@@ -229,9 +229,7 @@ def test_an_operators_cancel_reaches_the_mcp_client_as_an_error_result(stack: St
 
             group.start_soon(call)
             job = await eventually_async(lambda: newest_job("test.sleep", since))
-            await anyio.to_thread.run_sync(
-                lambda: cancellation.cancel(job.id, source=CancelSource.OPERATOR)
-            )
+            await in_thread(lambda: cancellation.cancel(job.id, source=CancelSource.OPERATOR))
 
     run(scenario)
     result = found["result"]

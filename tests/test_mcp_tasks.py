@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.mcp_clients import RawSession, official_client, suite_key
 from tests.support.stack import Stack
-from tests.support.waiting import eventually_async
+from tests.support.waiting import eventually_async, in_thread
 
 pytestmark = pytest.mark.usefixtures("database")
 
@@ -123,7 +123,7 @@ def test_a_cancelled_task_is_cancelled_before_the_answer_and_stays_cancelled(
         await eventually_async(Job.objects.filter(pk=task_id, status=JobStatus.RUNNING).first)
         found["working"] = await rpc(session, "tasks/get", {"taskId": task_id})
         found["cancel"] = await rpc(session, "tasks/cancel", {"taskId": task_id})
-        found["row"] = await anyio.to_thread.run_sync(lambda: Job.objects.get(pk=task_id))
+        found["row"] = await in_thread(lambda: Job.objects.get(pk=task_id))
         found["stopped"] = await eventually_async(
             Job.objects.filter(pk=task_id, stopped_at__isnull=False).first
         )
@@ -193,7 +193,7 @@ def test_a_session_sees_only_its_own_tasks(stack: Stack) -> None:
     async def scenario(mine: RawSession, other: RawSession) -> None:
         task_id = (await create(mine, LONG))["taskId"]
         await rpc(mine, "tools/call", {"name": "test.sleep", "arguments": SHORT})
-        plain = await anyio.to_thread.run_sync(
+        plain = await in_thread(
             lambda: Job.objects.exclude(pk=task_id).get(session_id=uuid.UUID(hex=mine.session_id))
         )
         found["mine"] = await rpc(mine, "tasks/list", {})

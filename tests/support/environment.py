@@ -1,8 +1,13 @@
 """One private environment for a test or benchmark run, set before Django loads.
 
-The environment points at a temporary SQLite file, a Redis on a free port and a
+The environment points at a private database, a Redis on a free port and a
 temporary media root; the processes of the stack (tests/support/stack.py) inherit
 it, so this process sees the same DB as Daphne and the worker.
+
+The database is a temporary SQLite file, or, with ABP_TEST_DATABASE=postgres (what
+`make test-postgres` sets), a fresh PostgreSQL database `abp_test_<random>` on the
+server TEST_DATABASE_URL names (default: postgres@127.0.0.1:5432), dropped when the
+run ends (`remove_database`, and at exit in case nobody called it).
 
 `configure` only sets the environment and Django up: nothing touches the database
 until `migrate` (the test suite runs it in its `database` fixture, so pure tests
@@ -11,11 +16,94 @@ never do). `prepare` does both, for the benchmarks.
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
 import tempfile
 from pathlib import Path
+from typing import LiteralString
+from urllib.parse import urlsplit, urlunsplit
 
 from tests.support.stack import Stack, free_port
+
+DEFAULT_TEST_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+
+
+def use_postgres() -> bool:
+    """Whether this run's database is PostgreSQL (ABP_TEST_DATABASE=postgres)."""
+    return os.environ.get("ABP_TEST_DATABASE", "sqlite") == "postgres"
+
+
+def server_url() -> str:
+    """The PostgreSQL server (and a database on it to connect to) runs create theirs on."""
+    return os.environ.get("TEST_DATABASE_URL") or DEFAULT_TEST_DATABASE_URL
+
+
+class PostgresDatabase:
+    """A database of this run's own on the test server, created now, dropped once."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.name = f"abp_test_{secrets.token_hex(6)}"
+        parts = urlsplit(server)
+        self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
+        # Only the process that created it drops it (not a forked child at its exit).
+        self._owner = os.getpid()
+        self._dropped = False
+        import psycopg
+
+        try:
+            self._execute("CREATE DATABASE {}")
+        except psycopg.Error as exc:
+            where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}"  # no password
+            raise RuntimeError(
+                f"cannot create a test database on the PostgreSQL server at {where} "
+                f"(TEST_DATABASE_URL): {exc}"
+            ) from exc
+        atexit.register(self.drop)
+
+    def drop(self) -> None:
+        """Drop the database, ending whatever is still connected to it."""
+        if self._dropped or os.getpid() != self._owner:
+            return
+        self._dropped = True
+        from django.db import connections
+
+        connections.close_all()
+        # WITH (FORCE), PostgreSQL 13+: a killed Daphne's connection may linger a moment.
+        self._execute("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+
+    def _execute(self, statement: LiteralString) -> None:
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(_libpq_url(self.server), autocommit=True) as conn:
+            conn.execute(sql.SQL(statement).format(sql.Identifier(self.name)))
+
+
+def _libpq_url(url: str) -> str:
+    # dj-database-url accepts postgres://, postgresql:// and pgsql://; libpq the first two.
+    scheme, _, rest = url.partition("://")
+    return f"postgresql://{rest}" if scheme in {"postgres", "pgsql"} else url
+
+
+_postgres: PostgresDatabase | None = None
+
+
+def database_url(run_dir: Path) -> str:
+    """The run's DATABASE_URL: a new PostgreSQL database, or SQLite in `run_dir`."""
+    global _postgres  # noqa: PLW0603 - one database per run
+    if not use_postgres():
+        return f"sqlite:///{run_dir / 'db.sqlite3'}"
+    if _postgres is None:
+        _postgres = PostgresDatabase(server_url())
+    return _postgres.url
+
+
+def remove_database() -> None:
+    """Drop the run's PostgreSQL database, if it has one (SQLite goes with its folder)."""
+    if _postgres is not None:
+        _postgres.drop()
 
 
 def prepare(prefix: str, **overrides: str) -> Stack:
@@ -49,7 +137,7 @@ def configure(prefix: str, **overrides: str) -> Stack:
             # page-budget tests set their own.
             "ABP_PAGE_TOKEN_MAX_CONCURRENT_CALLS": "1000",
             "ABP_PAGE_TOKEN_CALLS_PER_MINUTE": "1000000",
-            "DATABASE_URL": f"sqlite:///{run_dir / 'db.sqlite3'}",
+            "DATABASE_URL": overrides.get("DATABASE_URL") or database_url(run_dir),
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
             "DJANGO_MEDIA_ROOT": str(run_dir / "media"),
             "DJANGO_LOG_LEVEL": "INFO",

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TypeVar
 
 import anyio
+from django.db import connections
 
 T = TypeVar("T")
 
@@ -31,11 +32,28 @@ def eventually(probe: Callable[[], T | None], timeout: float = 10.0, interval: f
         time.sleep(interval)
 
 
+async def in_thread(function: Callable[[], T]) -> T:
+    """`function()` in one of anyio's worker threads, which then closes its DB connections.
+
+    A connection left open in such a thread is only closed when the thread ends and it is
+    garbage collected: psycopg warns then (ResourceWarning, an error in this suite), and
+    PostgreSQL keeps a backend for it until then.
+    """
+
+    def closing() -> T:
+        try:
+            return function()
+        finally:
+            connections.close_all()
+
+    return await anyio.to_thread.run_sync(closing)
+
+
 async def eventually_async(probe: Callable[[], T | None], interval: float = 0.02) -> T:
     """`eventually` from an event loop, within ten seconds; the probe runs in a thread."""
     with anyio.fail_after(10.0):
         while True:
-            value = await anyio.to_thread.run_sync(probe)
+            value = await in_thread(probe)
             if value:
                 return value
             await anyio.sleep(interval)
