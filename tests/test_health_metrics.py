@@ -304,6 +304,37 @@ def known_jobs(database: None) -> Iterator[dict[str, Any]]:
     session.delete()
 
 
+def test_durations_across_disagreeing_clocks_count_as_zero(
+    database: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker host's clock a little behind the web host's: no negative wait or sum."""
+    monkeypatch.setattr(cluster_state, "live_workers", list)
+    capability = f"test.skew-{uuid.uuid4().hex[:8]}"
+    session = AgentSession.objects.create(agent_name="skew", door=Door.ABP)
+    now = timezone.now()
+    try:
+        Job.objects.create(
+            session=session,
+            call_id=str(uuid.uuid4()),
+            capability=capability,
+            queue="abp.skew-test",
+            status=JobStatus.SUCCEEDED,
+            created_at=now,
+            started_at=now - timedelta(seconds=0.5),  # "before" it was created
+            settled_at=now - timedelta(seconds=0.7),  # and "before" it started
+            stopped_at=now,
+        )
+        found = [s for family in ClusterCollector().collect() for s in family.samples]
+        for name, labels in (
+            ("abp_job_queue_wait_seconds", {"capability": capability, "queue": "abp.skew-test"}),
+            ("abp_job_run_seconds", {"capability": capability, "status": "succeeded"}),
+        ):
+            assert value(found, f"{name}_gsum", **labels) == 0
+            assert value(found, f"{name}_gcount", **labels) == 1
+    finally:
+        session.delete()
+
+
 def test_metrics_from_jobs_with_known_times(
     known_jobs: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

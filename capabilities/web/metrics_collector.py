@@ -60,12 +60,18 @@ def _column(model: type[Model], name: str) -> str:
 
 
 def _seconds(vendor: str, later: str, earlier: str) -> str:
-    """SQL for `later - earlier` in seconds (a float; NULL if either is)."""
+    """SQL for `later - earlier` in seconds, never below 0 (a float; NULL if either is).
+
+    Never below 0: the two times may come from two hosts' clocks (a web node created
+    the job, a worker node started it), which may disagree by a little, and a
+    histogram's sum must not go negative.
+    """
     if vendor == "sqlite":
-        return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
+        return f"MAX(0.0, (julianday({later}) - julianday({earlier})) * 86400.0)"
     if vendor == "postgresql":
         # date_part: double precision (EXTRACT answers numeric, slower to compare).
-        return f"date_part('epoch', {later} - {earlier})"
+        # Both times are never NULL where this is used (GREATEST would skip a NULL).
+        return f"GREATEST(0.0, date_part('epoch', {later} - {earlier}))"
     raise UnsupportedDatabase(vendor)
 
 
