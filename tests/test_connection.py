@@ -120,12 +120,14 @@ def test_shutdown_answers_every_call_then_closes(stack: Stack) -> None:
 def test_a_session_nobody_resumes_has_its_calls_cancelled(stack: Stack) -> None:
     agent = Agent(stack.ws_url)
     agent.initialize()
-    agent.call("test.sleep", {"steps": 500, "stepMs": 20}, call_id="gone")
+    # Still running when the grace period ends.
+    steps = int(resumption.grace().total_seconds() * 50) + 500
+    agent.call("test.sleep", {"steps": steps, "stepMs": 20}, call_id="gone")
     eventually(
         lambda: Job.objects.filter(session_id=agent.session_id, status=JobStatus.RUNNING).exists()
     )
     agent.close()
-    job = wait_stopped(agent, "gone")
+    job = wait_stopped(agent, "gone", timeout=resumption.grace().total_seconds() + 10)
     assert job.status == JobStatus.CANCELLED
     assert job.cancel_source == CancelSource.DISCONNECT
     assert not job.hard_killed

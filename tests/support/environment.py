@@ -153,7 +153,7 @@ def configure(prefix: str, **overrides: str) -> Stack:
             "ABP_WORKER_MEMORY_LIMIT_MB": "1024",
             # Long enough to restart a Daphne and resume; short enough that tests of
             # a session nobody resumes wait only a few seconds.
-            "ABP_RESUME_GRACE_SECONDS": "5",
+            "ABP_RESUME_GRACE_SECONDS": "10",
             "ABP_MAX_FRAME_BYTES": str(1024 * 1024),
             # Small, so that tests see both inline results and download URLs.
             "ABP_INLINE_RESULT_MAX_BYTES": str(256 * 1024),
