@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from django.conf import settings
 
 from capabilities import redis_pool
@@ -94,10 +95,13 @@ _seen: tuple[float, list[LiveWorker]] | None = None
 _registry_lost = False
 
 
-def live_workers() -> list[LiveWorker]:
-    """Every worker whose key has not expired, by hostname (read now)."""
+def live_workers(client: redis.Redis | None = None) -> list[LiveWorker]:
+    """Every worker whose key has not expired, by hostname (read now).
+
+    `client`: another client than the process's pool (/readyz's, with short timeouts).
+    """
     global _seen, _registry_lost  # noqa: PLW0603 - the process's last reading, replaced whole
-    found, _registry_lost = _read()
+    found, _registry_lost = _read(client or redis_pool.sync_client())
     _seen = (time.monotonic(), found)
     return found
 
@@ -129,8 +133,7 @@ def _marker() -> str:
     return f"{_prefix()}announced"
 
 
-def _read() -> tuple[list[LiveWorker], bool]:
-    client = redis_pool.sync_client()
+def _read(client: redis.Redis) -> tuple[list[LiveWorker], bool]:
     pipe = client.pipeline(transaction=False)
     pipe.smembers(_index())
     pipe.exists(_marker())

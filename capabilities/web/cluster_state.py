@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ import redis
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from capabilities.jobs import workers
 from capabilities.jobs.workers import LiveWorker
 
 T = TypeVar("T")
@@ -101,19 +101,6 @@ def twice(command: Callable[[], T]) -> T:
 
 
 def live_workers() -> list[LiveWorker]:
-    """Every worker whose announcement has not expired (capabilities/jobs/workers.py).
-
-    The same keys `workers.live_workers` reads (an index set, then one key per worker
-    with a TTL), read here with this module's timeouts.
-    """
+    """Every worker whose announcement has not expired, read with this module's timeouts."""
     client = redis_client(settings.REDIS_URL)
-    prefix = str(settings.ABP["WORKER_KEY_PREFIX"])
-    names = sorted(_text(name) for name in twice(lambda: client.smembers(f"{prefix}index")))
-    if not names:
-        return []
-    values: list[Any] = client.mget([f"{prefix}{name}" for name in names])
-    return [LiveWorker.from_json(json.loads(value)) for value in values if value is not None]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return twice(lambda: workers.live_workers(client))
