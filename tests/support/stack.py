@@ -48,26 +48,39 @@ class ManagedProcess:
     """A child process with its log in a file, stopped by PID."""
 
     def __init__(
-        self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        args: list[str],
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        inherit: bool = True,
     ) -> None:
         self.name = name
         self.args = args
-        # Set on top of this process's environment (which the stack's processes share).
+        # Set on top of this process's environment as it is at launch (which the stack's
+        # processes share), or, without `inherit`, exactly its environment.
         self.env = env or {}
+        self.inherit = inherit
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready: Callable[[], bool], timeout: float = 60.0) -> None:
         """Start it and wait until `ready()` says so."""
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.args,
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
-        )
-        log.close()
+        self.launch()
+        self.wait_ready(ready, timeout)
+
+    def launch(self) -> None:
+        """Start it (without waiting for it to be ready)."""
+        with self.log_path.open("ab") as log:
+            env = {**os.environ, **self.env} if self.inherit else self.env
+            self.proc = subprocess.Popen(
+                self.args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+
+    def wait_ready(self, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+        """Wait until `ready()`, failing if it exits first."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -82,6 +95,10 @@ class ManagedProcess:
         """The process id."""
         assert self.proc is not None
         return self.proc.pid
+
+    def alive(self) -> bool:
+        """Whether it still runs."""
+        return self.proc is not None and self.proc.poll() is None
 
     def log_text(self) -> str:
         """Everything it logged so far."""

@@ -15,10 +15,8 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ from typing import Any
 import yaml
 
 from tests.support.postgres import TemporaryDatabase
-from tests.support.stack import free_port, port_open, redis_server_binary
+from tests.support.stack import ManagedProcess, free_port, port_open, redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -69,70 +67,15 @@ def clean_environment(**values: str) -> dict[str, str]:
     return env
 
 
-class Process:
+class Process(ManagedProcess):
     """A child process with its log in a file and exactly the environment it is given."""
 
     def __init__(self, name: str, args: list[str], env: Mapping[str, str], log_dir: Path) -> None:
-        self.name = name
-        self.args = args
-        self.env = dict(env)
-        self.log_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def launch(self) -> None:
-        """Start it (without waiting for it to be ready)."""
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=self.env
-            )
+        super().__init__(name, args, log_dir, dict(env), inherit=False)
 
     def wait_ready(self, ready: Callable[[], bool], timeout: float = 90.0) -> None:
-        """Wait until `ready()`, failing if it exits first."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early:\n{self.tail()}")
-            if ready():
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.tail()}")
-
-    @property
-    def pid(self) -> int:
-        """Its process id (scripts/serve `exec`s the process: the same one)."""
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        """Whether it still runs."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_text(self) -> str:
-        """Everything it logged so far."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def tail(self, lines: int = 40) -> str:
-        """The end of its log."""
-        return "\n".join(self.log_text().splitlines()[-lines:])
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM by PID, then SIGKILL if it does not exit in time."""
-        if not self.alive():
-            return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL by PID, and reap it."""
-        if self.alive():
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait(10)
+        """Wait until `ready()`, failing if it exits first (a node starts slower here)."""
+        super().wait_ready(ready, timeout)
 
 
 @dataclass
