@@ -173,7 +173,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants: {sorted(unknown)}; known: {sorted(VARIANTS)}")
     os.environ["ABP_TEST_DATABASE"] = "postgres"
-    databases = {name: environment.PostgresDatabase(environment.server_url()) for name in names}
+    databases = {name: environment.PostgresDatabase() for name in names}
     # This process only drives WebSockets; Django is set up for the stacks' environment.
     unused = environment.configure("abp-bench-hops-", DATABASE_URL=databases[names[0]].url)
     unused.remove_files()

@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import atexit
 import os
-import secrets
 import tempfile
 from pathlib import Path
-from typing import LiteralString
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from tests.support.stack import Stack, free_port
-
-DEFAULT_TEST_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 
 def use_postgres() -> bool:
@@ -34,27 +30,23 @@ def use_postgres() -> bool:
     return os.environ.get("ABP_TEST_DATABASE", "sqlite") == "postgres"
 
 
-def server_url() -> str:
-    """The PostgreSQL server (and a database on it to connect to) runs create theirs on."""
-    return os.environ.get("TEST_DATABASE_URL") or DEFAULT_TEST_DATABASE_URL
-
-
 class PostgresDatabase:
     """A database of this run's own on the test server, created now, dropped once."""
 
-    def __init__(self, server: str) -> None:
-        self.server = server
-        self.name = f"abp_test_{secrets.token_hex(6)}"
-        parts = urlsplit(server)
-        self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
+    def __init__(self, server: str | None = None) -> None:
+        import psycopg
+
+        from tests.support.postgres import TemporaryDatabase
+
+        self._database = TemporaryDatabase("test", server)
+        self.url = self._database.url
         # Only the process that created it drops it (not a forked child at its exit).
         self._owner = os.getpid()
         self._dropped = False
-        import psycopg
-
         try:
-            self._execute("CREATE DATABASE {}")
+            self._database.create()
         except psycopg.Error as exc:
+            parts = urlsplit(self._database.server)
             where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}"  # no password
             raise RuntimeError(
                 f"cannot create a test database on the PostgreSQL server at {where} "
@@ -70,21 +62,7 @@ class PostgresDatabase:
         from django.db import connections
 
         connections.close_all()
-        # WITH (FORCE), PostgreSQL 13+: a killed Daphne's connection may linger a moment.
-        self._execute("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-
-    def _execute(self, statement: LiteralString) -> None:
-        import psycopg
-        from psycopg import sql
-
-        with psycopg.connect(_libpq_url(self.server), autocommit=True) as conn:
-            conn.execute(sql.SQL(statement).format(sql.Identifier(self.name)))
-
-
-def _libpq_url(url: str) -> str:
-    # dj-database-url accepts postgres://, postgresql:// and pgsql://; libpq the first two.
-    scheme, _, rest = url.partition("://")
-    return f"postgresql://{rest}" if scheme in {"postgres", "pgsql"} else url
+        self._database.drop()
 
 
 _postgres: PostgresDatabase | None = None
@@ -96,7 +74,7 @@ def database_url(run_dir: Path) -> str:
     if not use_postgres():
         return f"sqlite:///{run_dir / 'db.sqlite3'}"
     if _postgres is None:
-        _postgres = PostgresDatabase(server_url())
+        _postgres = PostgresDatabase()
     return _postgres.url
 
 

@@ -38,9 +38,9 @@ def with_database(url: str, name: str) -> str:
 class TemporaryDatabase:
     """CREATE DATABASE on `start`, DROP (closing whatever is still connected) on `drop`."""
 
-    def __init__(self, purpose: str) -> None:
+    def __init__(self, purpose: str, server: str | None = None) -> None:
         self.name = f"abp_{purpose}_{secrets.token_hex(4)}"
-        self.server = server_url()
+        self.server = server or server_url()
         self.url = with_database(self.server, self.name)
 
     def _admin(self) -> psycopg.Connection[Any]:
