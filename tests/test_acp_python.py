@@ -22,7 +22,8 @@ from acp.ws.client import create_websocket_stream
 from websockets.exceptions import ConnectionClosed
 
 from capabilities.models import CancelSource, Job, JobStatus
-from tests.support.jsonrpc_relay import auth_headers, rpc_url
+from tests.support.jsonrpc_relay import auth_headers
+from tests.support.rpc_agent import rpc_url
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 

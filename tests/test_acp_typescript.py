@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
+from tests.support.node_scripts import node_for, report_of
+from tests.support.rpc_agent import rpc_url
 from tests.support.stack import Stack
 from tests.support.waiting import eventually, seconds_between
 
@@ -34,52 +33,12 @@ LONG_STEPS = 500
 @pytest.fixture(scope="module")
 def node() -> str:
     """The node binary; a missing one skips these tests, except under CI."""
-    found = shutil.which("node")
-    if found is None:
-        message = "node is not on PATH (Debian's nodejs package provides it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    if not (PACKAGE / "node_modules" / "@agentclientprotocol" / "sdk").is_dir():
-        pytest.fail(f"no node packages in {PACKAGE}: `make test` runs `npm ci` there")
-    return found
+    return node_for(PACKAGE, "@agentclientprotocol/sdk")
 
 
-def rpc_url(stack: Stack) -> str:
-    """The JSON-RPC door of the test stack."""
-    return stack.ws_url.removesuffix("/abp/ws") + "/abp/rpc"
-
-
-@contextmanager
-def acp_client(node: str, stack: Stack, script: str, *args: str) -> Iterator[dict[str, Any]]:
+def acp_client(node: str, stack: Stack, script: str, *args: str) -> Any:
     """Run a script; its report, while it holds its socket (closed on the way out)."""
-    with subprocess.Popen(
-        [node, script, *args],
-        cwd=PACKAGE,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={
-            **os.environ,
-            "ABP_RPC_URL": rpc_url(stack),
-            "ABP_AGENT_KEY": os.environ["ABP_TEST_AGENT_KEY"],
-        },
-    ) as process:
-        assert process.stdout is not None
-        try:
-            # The script's watchdog ends it within a minute: this read cannot hang.
-            line = process.stdout.readline()
-            if not line:
-                _, stderr = process.communicate(timeout=10)
-                pytest.fail(f"{script} reported nothing (exit {process.returncode}):\n{stderr}")
-            yield json.loads(line)
-            # Its standard input closed, the script closes its socket and exits.
-            _, stderr = process.communicate(timeout=30)
-            assert process.returncode == 0, f"{script} exited {process.returncode}:\n{stderr}"
-        finally:
-            if process.poll() is None:
-                process.kill()
+    return report_of(node, PACKAGE, script, args, {"ABP_RPC_URL": rpc_url(stack.ws_url)})
 
 
 def wire(report: dict[str, Any]) -> str:
@@ -282,7 +241,7 @@ def test_the_documented_example_cancels_its_export(node: str, stack: Stack) -> N
         timeout=60,
         env={
             **os.environ,
-            "ABP_RPC_URL": rpc_url(stack),
+            "ABP_RPC_URL": rpc_url(stack.ws_url),
             "ABP_KEY": os.environ["ABP_TEST_AGENT_KEY"],
         },
     )

@@ -24,7 +24,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from capabilities.models import CancelSource, Job, JobStatus
-from tests.support.jsonrpc_relay import auth_headers, rpc_url
+from tests.support.jsonrpc_relay import auth_headers
+from tests.support.rpc_agent import rpc_url
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.usefixtures("database")

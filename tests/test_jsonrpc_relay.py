@@ -18,7 +18,8 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from capabilities.models import CancelSource, Job, JobStatus
-from tests.support.jsonrpc_relay import JSONRPCRelay, rpc_url
+from tests.support.jsonrpc_relay import JSONRPCRelay
+from tests.support.rpc_agent import rpc_url
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 

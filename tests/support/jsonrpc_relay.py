@@ -24,11 +24,6 @@ Message = dict[str, Any]
 CANCEL_REQUEST = "$/cancel_request"
 
 
-def rpc_url(ws_url: str) -> str:
-    """The JSON-RPC door beside the ABP WebSocket at `ws_url`."""
-    return ws_url.replace("/abp/ws", "/abp/rpc")
-
-
 def auth_headers(key: str | None = None) -> dict[str, str]:
     """The Authorization header for `key`, by default the suite's agent key."""
     return {"Authorization": f"Bearer {key or os.environ['ABP_TEST_AGENT_KEY']}"}
