@@ -85,12 +85,18 @@ def test_a_second_agent_starts_when_one_job_ends_not_after_the_first_agents_batc
         for call in batch:
             assert first.result_of(call)["payload"]["success"] is True
         theirs = job_of(second, "b")
-        started_first = Job.objects.filter(
-            session_id=first.session_id, started_at__lt=theirs.started_at
+        assert theirs.dispatched_at is not None
+        # Counted from when "b" was stored, not from when it was sent: on a loaded
+        # machine two of the batch may end (and two more start) before the call lands.
+        overtaking = Job.objects.filter(
+            session_id=first.session_id,
+            dispatched_at__gt=theirs.created_at,
+            dispatched_at__lt=theirs.dispatched_at,
         ).count()
-    # It took the first slot that freed: behind the two jobs running when it came
-    # (and at most one more, started in the same instant), not behind all twelve.
-    assert started_first <= 3
+    # It took the first slot that freed once it waited, not one after all twelve.
+    # The batch runs in pairs, so both slots free at once, and pumps that read the
+    # queue just before "b" committed may give that pair to the batch.
+    assert overtaking <= 2
 
 
 def test_an_agent_runs_no_more_jobs_at_once_than_its_share(stack: Stack) -> None:
