@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from django.conf import settings
 
 from capabilities.models import CancelSource, Job, JobStatus
@@ -15,6 +17,12 @@ LONG = {"mode": "checkpoint", "steps": 500, "stepMs": 20}
 
 def job_of(agent: Agent, call_id: str) -> Job:
     return Job.objects.get(session_id=agent.session_id, call_id=call_id)
+
+
+def stopped_job(agent: Agent, call_id: str) -> Job | None:
+    """The call's job once its work has stopped (or never started)."""
+    job = job_of(agent, call_id)
+    return job if job.stopped_at is not None else None
 
 
 def types_for(agent: Agent, call_id: str) -> list[str]:
@@ -103,6 +111,31 @@ def test_cancel_queued_call_never_starts_it(stack: Stack, agent: Agent) -> None:
     assert job.status == JobStatus.CANCELLED
     assert job.started_at is None
     assert job.stopped_at is not None
+
+
+def test_cancel_right_behind_its_call_is_confirmed_and_the_call_answered_once(
+    agent: Agent,
+) -> None:
+    # Back to back: the cancel is read while the call's job is being written. It
+    # wins either before the row (written cancelled, never sent) or after it.
+    pairs = []
+    for n in range(10):
+        call = agent.call("test.sleep", LONG, call_id=f"behind-{n}")
+        pairs.append((call, agent.cancel(f"behind-{n}")))
+    for n, (call, cancel) in enumerate(pairs):
+        assert agent.reply_to(cancel, "capabilities/cancel-result")["payload"] == {
+            "callId": f"behind-{n}",
+            "cancelled": True,
+        }
+        result = agent.result_of(call)["payload"]
+        assert result["error"]["code"] == "CANCELLED"
+        assert result["error"]["details"] == {"source": "agent"}
+    for n in range(10):
+        job = eventually(functools.partial(stopped_job, agent, f"behind-{n}"))
+        assert job.status == JobStatus.CANCELLED
+        assert job.cancel_source == CancelSource.AGENT
+        assert job.delivered_at is not None
+        assert len(agent.results_for_call(f"behind-{n}")) == 1
 
 
 def test_cancel_after_completion_changes_nothing(agent: Agent) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -25,7 +26,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from capabilities.access import agent_keys
-from capabilities.calls import availability
+from capabilities.calls import availability, budgets
 from capabilities.jobs import lifecycle, notes, workers
 from capabilities.models import AgentSession, Job, JobStatus, session_group
 from capabilities.protocol import replies
@@ -415,5 +416,127 @@ def test_a_cancel_of_a_running_call_answers_then_stops_the_work(key: str) -> Non
             assert stored.cancel_source == "agent"
             assert stored.cancel_reason == "no longer needed"
             assert stored.delivered_at is not None
+
+    run(scenario)
+
+
+# -- a cancel right behind its call ------------------------------------------------------
+
+
+class HeldStart:
+    """`budgets.create_job` held in the database thread until released.
+
+    `before_row`: held before the row is written (a cancel then comes in time);
+    otherwise held after it (the cancel then waits for the start).
+    """
+
+    def __init__(self, *, before_row: bool) -> None:
+        self.before_row = before_row
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.real = budgets.create_job
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Job:
+        if self.before_row:
+            self.reached.set()
+            assert self.release.wait(TIMEOUT)
+        job = self.real(*args, **kwargs)
+        if not self.before_row:
+            self.reached.set()
+            assert self.release.wait(TIMEOUT)
+        return job
+
+    async def wait_reached(self) -> None:
+        assert await asyncio.to_thread(self.reached.wait, TIMEOUT)
+
+
+async def send_call(agent: Agent, call_id: str) -> str:
+    options = {"callId": call_id}
+    return await agent.send(
+        "capabilities/call",
+        {"capability": "convert.markdownToHtml", "params": MARKDOWN, "options": options},
+    )
+
+
+def test_a_cancel_is_answered_while_its_calls_job_is_still_being_written(key: str) -> None:
+    held = HeldStart(before_row=True)
+
+    async def scenario() -> None:
+        with Seams() as seams, mock.patch("capabilities.calls.budgets.create_job", held):
+            agent = Agent(key)
+            await agent.connect()
+            session_id = (await agent.initialize())["payload"]["sessionId"]
+            call_message = await send_call(agent, "c-1")
+            await held.wait_reached()
+            cancel_message = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            # Both answers, with the database thread still held.
+            cancel_reply = await agent.reply_to(cancel_message)
+            assert cancel_reply["payload"] == {"callId": "c-1", "cancelled": True}
+            result = await agent.reply_to(call_message)
+            assert result["payload"]["error"]["code"] == "CANCELLED"
+            assert result["payload"]["error"]["details"] == {"source": "agent"}
+            held.release.set()
+            await agent.nothing_more()
+            await agent.disconnect()
+            stored = await job_of(session_id, "c-1")
+            assert stored is not None
+            assert stored.status == JobStatus.CANCELLED
+            assert stored.cancel_source == "agent"
+            assert stored.delivered_at is not None
+            assert stored.started_at is None
+            assert stored.dispatched_at is None
+            # Never sent to a worker, so nothing to stop.
+            assert seams.enqueued == []
+            assert seams.stopped == []
+
+    run(scenario)
+
+
+def test_a_cancel_that_comes_once_the_row_is_written_waits_for_it_then_settles_it(
+    key: str,
+) -> None:
+    held = HeldStart(before_row=False)
+
+    async def scenario() -> None:
+        with Seams() as seams, mock.patch("capabilities.calls.budgets.create_job", held):
+            agent = Agent(key)
+            await agent.connect()
+            session_id = (await agent.initialize())["payload"]["sessionId"]
+            call_message = await send_call(agent, "c-1")
+            await held.wait_reached()
+            cancel_message = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            await agent.nothing_more()
+            held.release.set()
+            cancel_reply = await agent.reply_to(cancel_message)
+            assert cancel_reply["payload"] == {"callId": "c-1", "cancelled": True}
+            result = await agent.reply_to(call_message)
+            assert result["payload"]["error"]["code"] == "CANCELLED"
+            await agent.disconnect()
+            stored = await job_of(session_id, "c-1")
+            assert stored is not None
+            assert stored.status == JobStatus.CANCELLED
+            assert seams.enqueued == [str(stored.id)]
+            assert seams.stopped == [str(stored.id)]
+
+    run(scenario)
+
+
+def test_frames_after_a_call_wait_for_its_start(key: str) -> None:
+    held = HeldStart(before_row=True)
+
+    async def scenario() -> None:
+        with Seams(), mock.patch("capabilities.calls.budgets.create_job", held):
+            agent = Agent(key)
+            await agent.connect()
+            await agent.initialize()
+            await send_call(agent, "c-1")
+            await held.wait_reached()
+            # A second call with the same id: refused, but only once the first is in.
+            again = await send_call(agent, "c-1")
+            await agent.nothing_more()
+            held.release.set()
+            reply = await agent.reply_to(again)
+            assert reply["payload"]["error"]["code"] == "INVALID_PARAMS"
+            await agent.disconnect()
 
     run(scenario)

@@ -29,6 +29,7 @@ from capabilities.protocol import (
 from capabilities.session.actions import (
     Action,
     CallRecord,
+    CancelStart,
     ClaimResult,
     Close,
     EndAll,
@@ -184,6 +185,23 @@ def test_cancel_request_settles_the_call_its_request_made_and_answers_it_cancell
     assert StopWork(job_id="job-7") in actions
     # Answered: a second cancel changes nothing, and the id is free again.
     assert feed(session, frame("$/cancel_request", {"requestId": 7})) == []
+    started(session, 7, "c-8", "job-8")
+
+
+def test_cancel_request_of_a_call_being_started_answers_only_the_request() -> None:
+    session = opened()
+    params = {"capability": "test.sleep", "params": {}, "callId": "c-7"}
+    [start] = feed(session, frame("_abp/call", params, id=7))
+    assert isinstance(start, StartCall)
+    [cancel] = feed(session, frame("$/cancel_request", {"requestId": 7}))
+    assert isinstance(cancel, CancelStart)
+    assert cancel.call_id == "c-7"
+    [answer] = messages(session.start_cancelled(cancel))
+    assert answer["id"] == 7
+    assert answer["error"]["code"] == -32800
+    assert answer["error"]["data"]["details"] == {"source": "agent"}
+    assert session.call_started(record("c-7", 7)) == []
+    # The id is free again.
     started(session, 7, "c-8", "job-8")
 
 

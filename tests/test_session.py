@@ -49,6 +49,7 @@ from capabilities.session.actions import (
     AnnounceTakeover,
     CallRecord,
     CancelFound,
+    CancelStart,
     ClaimResult,
     Close,
     DeliverFound,
@@ -835,6 +836,50 @@ def test_a_won_cancel_answers_the_cancel_then_the_call_then_stops_the_work() -> 
     assert result["payload"] == responses.cancelled("c-1", "agent", 1500)
     assert actions[4:] == [StopWork(job_id="job-1")]
     assert session.in_flight("c-1") is None
+
+
+def test_a_cancel_overtaking_its_call_asks_to_cancel_the_start() -> None:
+    session = open_session()
+    [action] = session.receive(call("c-1", message_id="r-1"))
+    assert isinstance(action, StartCall)
+    message = CancelRequest(id="k-1", call_id="c-1", reason="stop")
+    assert session.receive(message) == [CancelStart(call_id="c-1", reason="stop", message=message)]
+
+
+def test_a_start_cancelled_in_time_answers_the_cancel_then_the_call_and_nothing_after() -> None:
+    session = open_session(NOTIFICATIONS)
+    [action] = session.receive(call("c-1", message_id="r-1"))
+    assert isinstance(action, StartCall)
+    [cancel] = session.receive(CancelRequest(id="k-1", call_id="c-1"))
+    assert isinstance(cancel, CancelStart)
+    actions = session.start_cancelled(cancel)
+    assert [envelope(a)["type"] for a in actions] == [
+        "capabilities/cancel-result",
+        "notification",
+        "capabilities/call-result",
+    ]
+    assert envelope(actions[0])["payload"] == {"callId": "c-1", "cancelled": True}
+    assert envelope(actions[2])["id"] == "r-1"
+    assert envelope(actions[2])["payload"] == responses.cancelled("c-1", "agent", 0)
+    # Nothing to stop: the job is written settled. Its start, or its refusal, says nothing.
+    assert session.call_started(record("c-1", request_id="r-1")) == []
+    refused = WireError(code=ErrorCode.INVALID_PARAMS, message="html is required.")
+    assert session.call_refused(action, refused) == []
+    assert session.in_flight("c-1") is None
+    assert session.start_cancelled(cancel) == []
+
+
+def test_a_call_being_started_holds_its_call_id_and_its_place_in_the_queue() -> None:
+    session = open_session(limits=Limits(max_queued_calls=1))
+    [action] = session.receive(call("c-1"))
+    assert isinstance(action, StartCall)
+    again = sent(session.receive(call("c-1", message_id="r-2")))
+    assert_error(again["payload"], "INVALID_PARAMS")
+    other = sent(session.receive(call("c-2", message_id="r-3")))
+    assert_error(other["payload"], "RATE_LIMITED", retryable=True)
+    # Refused by the call service: both are free again.
+    session.call_refused(action, WireError(code=ErrorCode.INVALID_PARAMS, message="no"))
+    assert isinstance(session.receive(call("c-1", message_id="r-4"))[0], StartCall)
 
 
 def test_a_lost_cancel_says_what_the_call_ended_as_and_delivers_it() -> None:

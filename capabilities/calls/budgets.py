@@ -16,9 +16,10 @@ from django.conf import settings
 
 from capabilities.access.principal import Principal
 from capabilities.calls import session_records
+from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle, queue
 from capabilities.jobs.slot_counts import slot_counts
-from capabilities.models import AgentSession, Door, Job
+from capabilities.models import AgentSession, CancelSource, Door, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
 
 
@@ -49,8 +50,12 @@ def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) 
     return None
 
 
-def create_job(principal: Principal, **job: Any) -> Job:
-    """`jobs.create_job`, unless the principal already has its most calls queued."""
+def create_job(principal: Principal, ticket: StartTicket | None = None, **job: Any) -> Job:
+    """`jobs.create_job`, unless the principal already has its most calls queued.
+
+    `ticket`: sealed just before the row is written; a cancel that came first has
+    the row written settled as cancelled (and delivered: its agent has the answer).
+    """
     # One read serves the budget here and the hand-over decision in create_job.
     counts = slot_counts(queue.queue_for(job["capability"]), principal.rate_limit_id)
     _refuse_at(
@@ -61,10 +66,16 @@ def create_job(principal: Principal, **job: Any) -> Job:
         "wait for one to finish.",
         retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
     )
+    cancel_reason = ticket.seal() if ticket is not None else None
     return lifecycle.create_job(
         principal=principal.rate_limit_id,
         max_running=principal.max_concurrent_calls,
         counts=counts,
+        settled=(
+            None
+            if cancel_reason is None
+            else lifecycle.Outcome.cancelled(CancelSource.AGENT, cancel_reason)
+        ),
         **job,
     )
 

@@ -17,6 +17,7 @@ from channels.db import database_sync_to_async
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
 from capabilities.calls import availability, budgets
+from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
 from capabilities.protocol import ErrorCode, WireError, responses
@@ -33,6 +34,11 @@ class CallRefused(Exception):
         self.error = error
 
 
+NOT_QUEUED = WireError(
+    code=ErrorCode.INTERNAL_ERROR, message="The call could not be queued; try again."
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class CallRequest:
     """A call as any door receives it."""
@@ -45,6 +51,8 @@ class CallRequest:
     timeout_ms: int | None
     progress_token: str | int | None
     notify_started: bool
+    ticket: StartTicket | None = None
+    """A cancel's way in while the job is being written (the WebSocket doors)."""
 
 
 def capability_names() -> list[str]:
@@ -80,6 +88,7 @@ async def start(principal: Principal, call: CallRequest) -> Job:
             timeout_ms=call.timeout_ms or default_ms,
             progress_token=call.progress_token,
             notify_started=call.notify_started,
+            ticket=call.ticket,
         )
     except budgets.OverBudget as over:
         raise CallRefused(over.error) from None
@@ -95,11 +104,7 @@ async def start(principal: Principal, call: CallRequest) -> Job:
         ) from None
     except Exception:
         logger.exception("Could not create the job of call %s", call.call_id)
-        raise CallRefused(
-            WireError(
-                code=ErrorCode.INTERNAL_ERROR, message="The call could not be queued; try again."
-            )
-        ) from None
+        raise CallRefused(NOT_QUEUED) from None
     return job
 
 

@@ -75,11 +75,14 @@ def create_job(
     principal: str = "",
     max_running: int | None = None,
     counts: SlotCounts | None = None,
+    settled: Outcome | None = None,
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
     `max_running`: the principal's share of the workers (MAX_CONCURRENT_CALLS if None).
     `counts`: what the queue and the principal hold, if the caller already read it.
+    `settled`: the call was cancelled before this: the row is written with that
+    outcome, delivered (its connection answered already), and never sent.
     """
     timeout_ms = min(
         timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
@@ -88,7 +91,7 @@ def create_job(
     job_id = uuid.uuid4()
     queue_name = queue.queue_for(capability)
     share = settings.ABP["MAX_CONCURRENT_CALLS"] if max_running is None else max_running
-    go_now = dispatch.may_go_now(queue_name, principal, share, counts)
+    go_now = settled is None and dispatch.may_go_now(queue_name, principal, share, counts)
     stored_params, spilled = inputs.spill(str(job_id), params)
     job = Job(
         id=job_id,
@@ -107,6 +110,10 @@ def create_job(
         created_at=now,
         deadline=now + timedelta(milliseconds=timeout_ms),
     )
+    if settled is not None:
+        for field, value in outcome_values(settled, now).items():
+            setattr(job, field, value)
+        job.stopped_at = job.delivered_at = now
     try:
         # One autocommitted INSERT (no BEGIN/COMMIT round of its own); on_commit
         # then sends it at once, or when the caller's own transaction commits.
@@ -115,7 +122,8 @@ def create_job(
         raise CallIdInUse(call_id) from exc
     if events.enabled():
         transaction.on_commit(lambda: _log_created(job))
-    transaction.on_commit(lambda: dispatch.created(job))
+    if settled is None:
+        transaction.on_commit(lambda: dispatch.created(job))
     return job
 
 
@@ -148,19 +156,7 @@ def settle(
     the result at once, so the same write claims its delivery (see `claim_delivery`).
     """
     now = timezone.now()
-    error = outcome.error
-    values: dict[str, Any] = {
-        "status": outcome.status,
-        "settled_at": now,
-        "result": outcome.result,
-        "error_code": error.code if error else "",
-        "error_message": error.message if error else "",
-        "error_retryable": bool(error and error.to_json()["retryable"]),
-        "error_details": error.details if error else None,
-        "error_traceback": outcome.traceback,
-        "cancel_source": outcome.cancel_source or "",
-        "cancel_reason": outcome.cancel_reason,
-    }
+    values = outcome_values(outcome, now)
     if work_stopped:
         values["stopped_at"] = now
     if delivered:
@@ -175,6 +171,23 @@ def settle(
     if not updated:
         logger.debug("Outcome %s for job %s dropped: already settled", outcome.status, job_id)
     return updated == 1
+
+
+def outcome_values(outcome: Outcome, now: datetime) -> dict[str, Any]:
+    """The row's fields that record an outcome settled at `now`."""
+    error = outcome.error
+    return {
+        "status": outcome.status,
+        "settled_at": now,
+        "result": outcome.result,
+        "error_code": error.code if error else "",
+        "error_message": error.message if error else "",
+        "error_retryable": bool(error and error.to_json()["retryable"]),
+        "error_details": error.details if error else None,
+        "error_traceback": outcome.traceback,
+        "cancel_source": outcome.cancel_source or "",
+        "cancel_reason": outcome.cancel_reason,
+    }
 
 
 def mark_running(job_id: str, worker: str) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from capabilities.protocol import Initialize, RequestId
+from capabilities.protocol import CancelPendingRequest, CancelRequest, Initialize, RequestId
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +132,19 @@ class StartCall:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CancelStart:
+    """Cancel a call whose job is still being written, before it is.
+
+    Report `start_cancelled(action)` if that was in time; if the row is already
+    written, let the start be reported and then hand `message` to `receive` again.
+    """
+
+    call_id: str
+    reason: str
+    message: CancelRequest | CancelPendingRequest
+
+
+@dataclass(frozen=True, kw_only=True)
 class SettleCancels:
     """Settle these calls' jobs as cancelled (first step of every cancel).
 
@@ -246,6 +259,7 @@ Action = (
     | LetGo
     | EndSession
     | StartCall
+    | CancelStart
     | SettleCancels
     | StopWork
     | ClaimResult

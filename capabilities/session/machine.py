@@ -44,6 +44,7 @@ from capabilities.session.actions import (
     AnnounceTakeover,
     CallRecord,
     CancelFound,
+    CancelStart,
     ClaimResult,
     Close,
     DeliverFound,
@@ -146,6 +147,8 @@ class Session:
         self._new_token = new_token
         self._clock = clock
         self._calls: dict[str, InFlight] = {}
+        # Calls whose job the shell is still writing: a cancel may overtake them.
+        self._starting: dict[str, StartCall] = {}
         # This connection's calls in flight by their request id (as stored): what
         # `$/cancel_request` names, and what may not be reused meanwhile.
         self._call_of_request: dict[str, str] = {}
@@ -386,21 +389,22 @@ class Session:
         error = self._call_refusal(message, call_id)
         if error is not None:
             return [Send(text=self._wire.call_error(message.id, call_id, error))]
-        return [
-            StartCall(
-                request_id=message.id,
-                stored_request_id=self._wire.store_id(message.id),
-                call_id=call_id,
-                capability=message.capability,
-                params=message.params,
-                timeout_ms=message.options.timeout_ms,
-                progress_token=message.options.progress_token,
-                notify_started=self.notifications,
-            )
-        ]
+        start = StartCall(
+            request_id=message.id,
+            stored_request_id=self._wire.store_id(message.id),
+            call_id=call_id,
+            capability=message.capability,
+            params=message.params,
+            timeout_ms=message.options.timeout_ms,
+            progress_token=message.options.progress_token,
+            notify_started=self.notifications,
+        )
+        self._starting[call_id] = start
+        self._call_of_request[start.stored_request_id] = call_id
+        return [start]
 
     def _call_refusal(self, message: CallRequest, call_id: str) -> WireError | None:
-        if call_id in self._calls:
+        if call_id in self._calls or call_id in self._starting:
             return WireError(
                 code=ErrorCode.INVALID_PARAMS,
                 message=f"callId {call_id!r} is already running in this session.",
@@ -418,7 +422,7 @@ class Session:
                 details={"path": "payload.options.timeout", "max": max_timeout_ms},
             )
         most = self.limits.max_queued_calls
-        if most is not None and len(self._calls) >= most:
+        if most is not None and len(self._calls) + len(self._starting) >= most:
             wait_ms = self.limits.queue_full_retry_after_ms
             return WireError(
                 code=ErrorCode.RATE_LIMITED,
@@ -431,11 +435,34 @@ class Session:
 
     def call_started(self, call: CallRecord) -> list[Action]:
         """The job exists: the call is in flight until answered."""
+        if self._starting.pop(call.call_id, None) is None:
+            return []  # cancelled before its row was written, which says so; answered
         return self._adopt(call, own=True)
 
     def call_refused(self, action: StartCall, error: WireError) -> list[Action]:
         """The call service would not start the call."""
+        if self._starting.pop(action.call_id, None) is None:
+            return []  # cancelled first, and answered then
+        self._call_of_request.pop(action.stored_request_id, None)
         return [Send(text=self._wire.call_error(action.request_id, action.call_id, error))]
+
+    def start_cancelled(self, action: CancelStart) -> list[Action]:
+        """The cancel came before the call's job was written: the job is written
+        settled (cancelled, delivered) and never runs, so both answers go now."""
+        start = self._starting.pop(action.call_id, None)
+        if start is None:
+            return []
+        self._call_of_request.pop(start.stored_request_id, None)
+        actions: list[Action] = []
+        if isinstance(action.message, CancelRequest):
+            reply = self._wire.cancel_result(action.message.id, start.call_id, cancelled=True)
+            actions.append(Send(text=reply))
+        result = responses.cancelled(start.call_id, "agent", 0)
+        return [
+            *actions,
+            *self._completed(start.call_id),
+            Send(text=self._wire.call_result(start.request_id, result, own=True)),
+        ]
 
     def _adopt(self, call: CallRecord, *, own: bool = False, timer: bool = True) -> list[Action]:
         """Make a call this connection's to answer (and, while it runs, to time out)."""
@@ -463,6 +490,7 @@ class Session:
     def _forget_calls(self) -> None:
         """Let every call go unanswered here (the session's other connections answer)."""
         self._calls.clear()
+        self._starting.clear()
         self._call_of_request.clear()
 
     def _live(self) -> bool:
@@ -477,6 +505,8 @@ class Session:
 
     def _cancel(self, message: CancelRequest) -> list[Action]:
         reason = message.reason or ""
+        if message.call_id in self._starting:
+            return [CancelStart(call_id=message.call_id, reason=reason, message=message)]
         call = self._calls.get(message.call_id)
         if call is None:
             then = CancelFound(request_id=message.id, reason=reason)
@@ -490,8 +520,12 @@ class Session:
         job first, else with its result. An unknown or answered id is ignored.
         """
         call_id = self._call_of_request.get(self._wire.store_id(message.request_id))
-        call = self._calls.get(call_id) if call_id is not None else None
-        if call is None or self.state is not ConnectionState.OPEN:
+        if call_id is None or self.state is not ConnectionState.OPEN:
+            return []
+        if call_id in self._starting:
+            return [CancelStart(call_id=call_id, reason="$/cancel_request", message=message)]
+        call = self._calls.get(call_id)
+        if call is None:
             return []
         return [
             SettleCancels(

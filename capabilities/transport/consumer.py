@@ -3,7 +3,9 @@
 It decodes frames, hands them to the session (capabilities/session/machine.py),
 performs the actions it gets back, and reports what it found. It writes no
 envelope and decides no outcome. Frames, notes and timers are handled one at a
-time (a lock), so the session never sees interleaved updates.
+time (a lock), so the session never sees interleaved updates. A call's job is
+written off the lock (capabilities/transport/call_starts.py): a cancel may overtake
+it, and everything else waits for it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from typing import Any, ClassVar
 
 from autobahn.exception import Disconnected
-from channels.db import database_sync_to_async
+from channels.db import aclose_old_connections, database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -23,16 +26,31 @@ from capabilities.calls import cancellation, held_sessions, manifest, resumption
 from capabilities.calls.app_info import app_info
 from capabilities.calls.availability import AVAILABILITY_GROUP
 from capabilities.calls.background import Background
+from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import notes
 from capabilities.models import Door, session_group
-from capabilities.protocol import Message, ProtocolError, decode, replies
+from capabilities.protocol import (
+    CancelPendingRequest,
+    CancelRequest,
+    Message,
+    ProtocolError,
+    WireError,
+    decode,
+    replies,
+)
 from capabilities.session import actions as do
 from capabilities.session.machine import Session
 from capabilities.session.wire import Wire
 from capabilities.transport import availability_watch
 from capabilities.transport.background import Timers
+from capabilities.transport.call_starts import CallStarts
 from capabilities.transport.layer import RetryingLayer
 from capabilities.transport.session_io import SessionIO, record_of
+
+logger = logging.getLogger(__name__)
+
+# Frames that may overtake a call being started: they are what must not wait.
+_OVERTAKING = (CancelRequest, CancelPendingRequest)
 
 
 def _base_url_of(scope: dict[str, Any]) -> str:
@@ -75,6 +93,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.layer = RetryingLayer(self.channel_layer)
         self.serial = asyncio.Lock()
         self.background = Background()
+        self.starts = CallStarts()
         self.timers = Timers(self.background, self.on_timer)
         self.closed = False  # the socket, as far as this process knows
         self.group: str | None = None
@@ -104,6 +123,17 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         await self.perform(self.session.accepted(limits))
         await self.accept(subprotocol=subprotocol)
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch, but a frame closes stale database connections in `receive`.
+
+        Channels does it before every message, a hop to the process's one database
+        thread: a cancel would queue there behind the insert of the call before it.
+        """
+        if message["type"] == "websocket.receive":
+            await self.websocket_receive(message)
+        else:
+            await super().dispatch(message)
+
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
         frame: str | bytes = text_data if text_data is not None else (bytes_data or b"")
@@ -113,12 +143,19 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             message = error
         if message is None:
             return
+        if not isinstance(message, _OVERTAKING):
+            await self.starts.settled()
+            await aclose_old_connections()
+        await self.receive_message(message)
+
+    async def receive_message(self, message: Message | ProtocolError) -> None:
         async with self.serial:
             await self.perform(self.session.receive(message))
 
     async def disconnect(self, code: int) -> None:
         if self.key_group is not None:
             await self.layer.group_discard(self.key_group, self.channel_name)
+        await self.starts.settled()
         async with self.serial:
             self.closed = True
             self.session.socket_gone()
@@ -176,7 +213,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             case do.ResumeSession():
                 return await self.resume_session(action)
             case do.StartCall():
-                return await self.io.start_call(action)
+                self.starts.begin(action.call_id, functools.partial(self.start_call, action))
+            case do.CancelStart():
+                if self.starts.cancel(action.call_id, action.reason):
+                    return self.session.start_cancelled(action)
+                # Its row is being written: the cancel takes the usual path after.
+                self.starts.after(action.call_id, self.receive_message(action.message))
             case do.SettleCancels():
                 return await self.io.settle_cancels(action)
             case do.ClaimResult():
@@ -188,6 +230,19 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             case do.EndSession():
                 return await self.io.end_session(action)
         return []
+
+    async def start_call(self, action: do.StartCall, ticket: StartTicket) -> None:
+        """Write the call's job (off the lock), then report it to the session."""
+        try:
+            found = await self.io.start_call(action, ticket)
+        except Exception:
+            logger.exception("Could not start call %s", action.call_id)
+            found = start.NOT_QUEUED
+        async with self.serial:
+            if isinstance(found, WireError):
+                await self.perform(self.session.call_refused(action, found))
+            else:
+                await self.perform(self.session.call_started(found))
 
     async def send_frame(self, text: str) -> bool:
         """Send a frame; False if the socket is gone.
@@ -249,9 +304,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     # -- notes from workers, the reaper, the admin, other connections ----------------
 
     async def job_started(self, event: dict[str, Any]) -> None:
+        await self.starts.settled()
         await self.perform(self.session.job_started(event["call_id"]))
 
     async def job_progress(self, event: dict[str, Any]) -> None:
+        await self.starts.settled()
         progress = self.session.job_progress(
             event["call_id"],
             progress=event["progress"],
@@ -262,23 +319,28 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         await self.perform(progress)
 
     async def job_settled(self, event: dict[str, Any]) -> None:
+        await self.starts.settled()
         async with self.serial:
             await self.perform(self.session.job_settled(event["call_id"], event.get("response")))
 
     async def job_returned(self, event: dict[str, Any]) -> None:
+        await self.starts.settled()
         async with self.serial:
             await self.perform(self.session.job_returned(event["job_id"]))
 
     async def session_superseded(self, event: dict[str, Any]) -> None:
+        await self.starts.settled()
         if event["generation"] <= self.session.generation:
             return  # our own announcement, or an older one
         async with self.serial:
             await self.perform(self.session.superseded(event["generation"]))
 
     async def capabilities_changed(self, event: dict[str, Any]) -> None:
+        await self.starts.settled()
         async with self.serial:
             await self.perform(self.session.capabilities_changed(event["available"]))
 
     async def agent_key_revoked(self, event: dict[str, Any]) -> None:
+        await self.starts.settled()
         async with self.serial:
             await self.perform(self.session.key_revoked())

@@ -14,8 +14,10 @@ from django.utils import timezone
 
 from capabilities.access.principal import Principal
 from capabilities.calls import budgets, cancellation, resumption, session_records, start
+from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle
 from capabilities.models import CancelSource, Door, Job
+from capabilities.protocol import WireError
 from capabilities.session import machine
 from capabilities.session.actions import (
     Action,
@@ -86,8 +88,11 @@ class SessionIO:
         )
         return resumed
 
-    async def start_call(self, action: StartCall) -> list[Action]:
-        """Start the call through the call service."""
+    async def start_call(self, action: StartCall, ticket: StartTicket) -> CallRecord | WireError:
+        """Start the call through the call service: its job, or why not.
+
+        Not reported to the session here: the consumer does, under its lock.
+        """
         call = start.CallRequest(
             session_id=self.session_id,
             call_id=action.call_id,
@@ -97,12 +102,13 @@ class SessionIO:
             timeout_ms=action.timeout_ms,
             progress_token=action.progress_token,
             notify_started=action.notify_started,
+            ticket=ticket,
         )
         try:
             job = await start.start(self.principal, call)
         except start.CallRefused as refused:
-            return self.session.call_refused(action, refused.error)
-        return self.session.call_started(record_of(job))
+            return refused.error
+        return record_of(job)
 
     async def settle_cancels(self, action: SettleCancels) -> list[Action]:
         """The cancel pipeline's first step; the losers' responses when asked for."""

@@ -1,0 +1,72 @@
+"""Calls being started off the consumer's lock, and what must wait for them.
+
+Writing a call's job and handing it to Celery takes a few milliseconds. The
+consumer does it in a task of its own so that a cancel sent right behind the call
+is read at once (capabilities/calls/start_ticket.py). Every other frame and note
+waits until no start is pending, so the session sees them in the order they came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from capabilities.calls.start_ticket import StartTicket
+
+logger = logging.getLogger(__name__)
+
+Work = Coroutine[Any, Any, None]
+
+
+class CallStarts:
+    """One connection's calls being started."""
+
+    def __init__(self) -> None:
+        self._starts: dict[str, tuple[StartTicket, asyncio.Task[None]]] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def begin(self, call_id: str, start: Callable[[StartTicket], Work]) -> None:
+        """Run `start(ticket)` for this call; it reports its outcome itself."""
+        ticket = StartTicket()
+        task = self._spawn(start(ticket))
+        self._starts[call_id] = (ticket, task)
+        task.add_done_callback(lambda _: self._forget(call_id, task))
+
+    def cancel(self, call_id: str, reason: str) -> bool:
+        """Cancel the call before its job is written; False if too late (or not starting)."""
+        entry = self._starts.get(call_id)
+        return entry is not None and entry[0].cancel(reason)
+
+    def after(self, call_id: str, work: Work) -> None:
+        """Run `work` once the call's start has been reported."""
+        entry = self._starts.get(call_id)
+        self._spawn(_after(entry[1] if entry is not None else None, work))
+
+    async def settled(self) -> None:
+        """Return once no start (nor anything waiting on one) is pending."""
+        while self._pending:
+            await asyncio.wait(set(self._pending))
+
+    def _spawn(self, work: Work) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("A call's start failed", exc_info=task.exception())
+
+    def _forget(self, call_id: str, task: asyncio.Task[None]) -> None:
+        entry = self._starts.get(call_id)
+        if entry is not None and entry[1] is task:
+            del self._starts[call_id]
+
+
+async def _after(start: asyncio.Task[None] | None, work: Work) -> None:
+    if start is not None:
+        await asyncio.wait({start})
+    await work
