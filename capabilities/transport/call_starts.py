@@ -2,8 +2,9 @@
 
 Writing a call's job and handing it to Celery takes a few milliseconds. The
 consumer does it in a task of its own so that a cancel sent right behind the call
-is read at once (capabilities/calls/start_ticket.py). Every other frame and note
-waits until no start is pending, so the session sees them in the order they came.
+is read at once (capabilities/calls/start_ticket.py). Every other frame waits
+until no start is pending, and a note about a call until its start is reported, so
+the session sees them in the order they came.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class CallStarts:
         """Return once no start (nor anything waiting on one) is pending."""
         while self._pending:
             await asyncio.wait(set(self._pending))
+
+    async def reported(self, call_id: str) -> None:
+        """Return once this call is not being started (at once if it is not)."""
+        entry = self._starts.get(call_id)
+        if entry is not None:
+            await asyncio.wait({entry[1]})
 
     def _spawn(self, work: Work) -> asyncio.Task[None]:
         task = asyncio.create_task(work)

@@ -17,6 +17,7 @@ import logging
 from typing import Any, ClassVar
 
 from autobahn.exception import Disconnected
+from channels.consumer import get_handler_name
 from channels.db import aclose_old_connections, database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -124,15 +125,20 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         await self.accept(subprotocol=subprotocol)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        """Channels' dispatch, but a frame closes stale database connections in `receive`.
+        """Channels' dispatch, without its hop to close stale database connections.
 
-        Channels does it before every message, a hop to the process's one database
-        thread: a cancel would queue there behind the insert of the call before it.
+        Channels makes that hop to the process's one database thread before every
+        message: a cancel would queue there behind the insert of the call before it,
+        and every note would pay for it. Frames other than cancels close them in
+        `receive`; connecting and disconnecting still do here.
         """
-        if message["type"] == "websocket.receive":
-            await self.websocket_receive(message)
-        else:
+        if message["type"] in ("websocket.connect", "websocket.disconnect"):
             await super().dispatch(message)
+            return
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
@@ -304,11 +310,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     # -- notes from workers, the reaper, the admin, other connections ----------------
 
     async def job_started(self, event: dict[str, Any]) -> None:
-        await self.starts.settled()
+        await self.starts.reported(event["call_id"])
         await self.perform(self.session.job_started(event["call_id"]))
 
     async def job_progress(self, event: dict[str, Any]) -> None:
-        await self.starts.settled()
+        await self.starts.reported(event["call_id"])
         progress = self.session.job_progress(
             event["call_id"],
             progress=event["progress"],
@@ -319,7 +325,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         await self.perform(progress)
 
     async def job_settled(self, event: dict[str, Any]) -> None:
-        await self.starts.settled()
+        await self.starts.reported(event["call_id"])
         async with self.serial:
             await self.perform(self.session.job_settled(event["call_id"], event.get("response")))
 
