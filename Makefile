@@ -153,8 +153,10 @@ $(ACP_TS_STAMP): $(ACP_TS)/package-lock.json
 	cd $(ACP_TS) && npm ci --no-audit --no-fund
 	@touch $@
 
+# The side-by-side table first (bench/side_by_side.py), then the other benchmarks;
+# `make bench BENCH_ARGS=--quick` prints the table alone, with fewer rounds.
 bench: deps
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 # --- cleaning ---------------------------------------------------------------------------
 

@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support import environment
-from tests.support.stack import ManagedProcess, python_tool
 
 STACK = environment.prepare("abp-bench-")
 
 from bench import stats  # noqa: E402
+from bench.common import bare_celery_calls, bare_worker  # noqa: E402
 from capabilities.models import Job, JobStatus  # noqa: E402
 from tests.support.agent import Agent  # noqa: E402
 from tests.support.waiting import eventually  # noqa: E402
@@ -56,17 +56,6 @@ def small_calls(agent: Agent, n: int) -> list[float]:
     for _ in range(n):
         start = time.perf_counter()
         agent.result_of(agent.call("test.sleep", {"steps": 0}))
-        times.append((time.perf_counter() - start) * 1000)
-    return times
-
-
-def bare_celery_calls(n: int) -> list[float]:
-    from bench.bare_celery import echo
-
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        echo.apply_async(args=(1,)).get(timeout=10)
         times.append((time.perf_counter() - start) * 1000)
     return times
 
@@ -138,14 +127,7 @@ def main() -> None:
     parser.add_argument("--round-trips", type=int, default=300)
     args = parser.parse_args()
     rng = random.Random(1)
-    bare = ManagedProcess(
-        "bare-worker",
-        python_tool(
-            "celery", "-A", "bench.bare_celery", "worker", "-P", "prefork", "-c", "2",
-            "-Q", "bare", "-n", "bare@%h", "-l", "info", "--without-gossip", "--without-mingle",
-        ),
-        STACK.run_dir,
-    )  # fmt: skip
+    bare = bare_worker(STACK.run_dir)
     try:
         STACK.start()
         bare.start(lambda: " ready." in bare.log_text())

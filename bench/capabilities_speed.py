@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import io
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,62 +30,18 @@ STACK = environment.prepare(
     ABP_MAX_FRAME_BYTES=str(32 * 1024 * 1024),
 )
 
-import weasyprint  # noqa: E402
-from PIL import Image  # noqa: E402
-
 from bench import stats  # noqa: E402
-from capabilities.work.images import runner as images  # noqa: E402
+from bench.common import (  # noqa: E402
+    best_resize,
+    document,
+    naive_resize,
+    photo,
+    render_locally,
+    through_stack,
+    timed,
+)
 from capabilities.work.pdf import runner as pdf  # noqa: E402
 from tests.support.agent import Agent  # noqa: E402
-
-
-def document(pages: int) -> str:
-    """An HTML document of `pages` pages of ordinary text."""
-    paragraph = "<p>" + "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 12 + "</p>"
-    return "".join(
-        f"<section style='page-break-after: always'><h1>Section {n}</h1>{paragraph * 4}</section>"
-        for n in range(pages)
-    )
-
-
-def photo(width: int = 4000, height: int = 3000) -> bytes:
-    """A 12 MP JPEG with photo-like detail (a gradient under noise)."""
-    noise = Image.effect_noise((width, height), 40).convert("RGB")
-    gradient = Image.linear_gradient("L").resize((width, height)).convert("RGB")
-    buffer = io.BytesIO()
-    Image.blend(noise, gradient, 0.5).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def timed(work: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    work()
-    return (time.perf_counter() - start) * 1000
-
-
-def through_stack(agent: Agent, capability: str, params: dict[str, Any]) -> None:
-    result = agent.result_of(agent.call(capability, params), timeout=120)
-    assert result["payload"]["success"] is True, result
-
-
-def render_locally(html: str) -> bytes:
-    """The same WeasyPrint call the runner makes, without the stack around it."""
-    document: bytes = weasyprint.HTML(string=html).write_pdf()
-    return document
-
-
-def naive_resize(data: bytes) -> bytes:
-    resized = Image.open(io.BytesIO(data)).resize((800, 600), Image.Resampling.LANCZOS)
-    out = io.BytesIO()
-    resized.save(out, "JPEG")
-    return out.getvalue()
-
-
-def best_resize(data: bytes) -> bytes:
-    image = images.fast_downscale(data, (800, 600))
-    out = io.BytesIO()
-    image.save(out, "JPEG")
-    return out.getvalue()
 
 
 def main() -> None:

@@ -30,3 +30,14 @@ def line(label: str, values_ms: list[float], baseline_ms: float | None = None) -
         f"{label:<48} n={s['n']:<4} p50={s['p50']:7.2f} ms  p99={s['p99']:7.2f} ms"
         f"  max={s['max']:7.2f} ms{ratio}"
     )
+
+
+def cell(values_ms: list[float]) -> str:
+    """A table cell: p50 and p99 in ms."""
+    s = summary(values_ms)
+    return f"p50 {s['p50']:.2f} ms, p99 {s['p99']:.2f} ms"
+
+
+def ratio(ours_ms: list[float], baseline_ms: list[float]) -> float:
+    """Our p50 over the baseline's p50."""
+    return float(statistics.median(ours_ms) / statistics.median(baseline_ms))
