@@ -220,7 +220,7 @@ def test_markdown_nested_too_deeply_is_refused(monkeypatch: pytest.MonkeyPatch) 
         raise RecursionError
 
     # Real input needs seconds to get there (a list nested ~1000 deep).
-    monkeypatch.setattr("markdown.markdown", recurse)
+    monkeypatch.setattr("markdown.Markdown.convert", recurse)
     error = refusal({"markdown": "- x"})
     assert error.code == "INVALID_PARAMS"
     assert error.details == {"path": "params.markdown"}

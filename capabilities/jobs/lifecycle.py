@@ -205,9 +205,55 @@ def mark_running(job_id: str, worker: str) -> bool:
     )
 
 
-def heartbeat(job_id: str) -> None:
-    """The worker running this job is alive."""
-    row_updates.update_if(job_id, (JobStatus.RUNNING,), {"heartbeat_at": timezone.now()})
+def start(job_id: str, worker: str, fields: tuple[str, ...]) -> Job | None:
+    """`mark_running`, and the job with `fields` loaded, read by the same statement.
+
+    None if the job was settled (a cancel settles before it raises the abort flag,
+    so a cancelled job is refused here) or is already running elsewhere.
+    """
+    now = timezone.now()
+    return row_updates.update_returning(
+        job_id,
+        (JobStatus.QUEUED,),
+        {
+            "status": JobStatus.RUNNING,
+            "started_at": now,
+            "heartbeat_at": now,
+            "worker": worker[:200],
+        },
+        fields,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """A running job's progress, as the admin shows it."""
+
+    progress: float
+    total: float | None
+    stage: str
+
+
+def heartbeat(job_id: str, progress: Progress | None = None) -> None:
+    """The worker running this job is alive; `progress`, a report not written yet."""
+    values: dict[str, Any] = {"heartbeat_at": timezone.now()}
+    if progress is not None:
+        values |= progress_values(progress)
+    row_updates.update_if(job_id, (JobStatus.RUNNING,), values)
+
+
+def record_progress(job_id: str, progress: Progress) -> None:
+    """Write a running job's progress (for the admin)."""
+    row_updates.update_if(job_id, (JobStatus.RUNNING,), progress_values(progress))
+
+
+def progress_values(progress: Progress) -> dict[str, Any]:
+    """The row's fields that hold a job's progress."""
+    return {
+        "progress": progress.progress,
+        "progress_total": progress.total,
+        "stage": progress.stage[:100],
+    }
 
 
 def record_stopped(
@@ -228,10 +274,9 @@ def claim_delivery(job_id: uuid.UUID | str) -> bool:
     gets the result once. Claimed before sending: a crash in between would lose it,
     so a consumer that finds its socket gone gives the claim back (`release_delivery`).
     """
-    claimed = Job.objects.filter(
-        pk=job_id, delivered_at__isnull=True, status__in=SETTLED_STATUSES
-    ).update(delivered_at=timezone.now())
-    return claimed == 1
+    return row_updates.update_if(
+        job_id, SETTLED_STATUSES, {"delivered_at": timezone.now()}, where_null="delivered_at"
+    )
 
 
 def release_delivery(job_id: uuid.UUID | str) -> None:

@@ -1,6 +1,8 @@
 """Conditional single-row UPDATEs of jobs, as one SQL statement built from the model.
 
-The settle and the start of every job run here. `QuerySet.update()` spends about
+The settle, the start and the delivery claim of every job run here; the start also
+returns what the worker reads of its job, in the same statement (RETURNING), instead
+of a second query. `QuerySet.update()` spends about
 0.25 ms of Python building the same statement each time (measured with
 bench-free micro timing: 0.27 ms against 0.03 ms for the statement itself), and in
 Daphne that Python competes with the event loop for the GIL, which tripled it.
@@ -40,6 +42,7 @@ def _statement(
     stop_if: bool,
     where_null: str | None,
     *,
+    fields: tuple[str, ...] = (),
     returning: bool = False,
 ) -> str:
     quote = connection.ops.quote_name
@@ -52,14 +55,17 @@ def _statement(
     placeholders = ", ".join(["%s"] * statuses)
     only = f" AND {status} IN ({placeholders})" if statuses else ""
     also = f" AND {quote(_field(where_null).column)} IS NULL" if where_null else ""
+    returned = [f"{table}.{quote(_field(name).column)}" for name in fields]
+    if returning:
+        returned.append(_event_columns(table))
     return (
         f"UPDATE {table} SET {', '.join(assignments)} "
         f"WHERE {quote(Job._meta.pk.column)} = %s{only}{also}"
-        + (_returning(table) if returning else "")
+        + (f" RETURNING {', '.join(returned)}" if returned else "")
     )
 
 
-def _returning(table: str) -> str:
+def _event_columns(table: str) -> str:
     """The job's event fields (events.CONTEXT_COLUMNS), its session's door, its stopped_at.
 
     stopped_at as is, tested in Python: SQLite 3.40 answered `stopped_at IS NOT NULL`
@@ -73,7 +79,7 @@ def _returning(table: str) -> str:
     stopped = quote(_field("stopped_at").column)
     columns = ", ".join(f"{table}.{quote(_field(name).column)}" for name in events.CONTEXT_COLUMNS)
     return (
-        f" RETURNING {columns}, (SELECT {sessions}.{door} FROM {sessions}"
+        f"{columns}, (SELECT {sessions}.{door} FROM {sessions}"
         f" WHERE {sessions}.{session_pk} = {table}.{session_id}), {table}.{stopped}"
     )
 
@@ -120,6 +126,54 @@ def update_if(
     `stop_if=(status, when)` also sets stopped_at to `when` if the row was in `status`;
     `where_null` names a field that must also still be null. No `statuses`: any status.
     """
+    return _update(job_id, statuses, values, stop_if=stop_if, where_null=where_null) is not None
+
+
+def update_returning(
+    job_id: uuid.UUID | str,
+    statuses: tuple[str, ...],
+    values: dict[str, Any],
+    fields: tuple[str, ...],
+) -> Job | None:
+    """`update_if`, and the job as the same statement left it (only `fields` loaded).
+
+    None if no row changed. One statement instead of an update and a read: the row
+    read is the row the update decided on (RETURNING, on SQLite and PostgreSQL).
+    """
+    row = _update(job_id, statuses, values, fields=fields)
+    if row is None:
+        return None
+    names = ["id"]
+    loaded: list[Any] = [uuid.UUID(str(job_id))]
+    for name, value in zip(fields, row, strict=True):
+        names.append(_field(name).attname)
+        loaded.append(_from_db(name, value))
+    return Job.from_db(connection.alias, names, loaded)
+
+
+def _from_db(name: str, value: Any) -> Any:
+    """A returned column's value as the ORM reads it (JSON, UUIDs, datetimes, booleans)."""
+    field = _field(name)
+    column = field.get_col(Job._meta.db_table)
+    for convert in (
+        *connection.ops.get_db_converters(column),
+        # Not in django-stubs' Field, though every field has it.
+        *cast(Any, field).get_db_converters(connection),
+    ):
+        value = convert(value, column, connection)
+    return value
+
+
+def _update(
+    job_id: uuid.UUID | str,
+    statuses: tuple[str, ...],
+    values: dict[str, Any],
+    *,
+    fields: tuple[str, ...] = (),
+    stop_if: tuple[str, datetime] | None = None,
+    where_null: str | None = None,
+) -> tuple[Any, ...] | None:
+    """Run the update; None if no row changed, else the returned `fields`' values."""
     columns = tuple(values)
     params = [_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
     if stop_if is not None:
@@ -133,18 +187,21 @@ def update_if(
         len(statuses),
         stop_if is not None,
         where_null,
+        fields=fields,
         returning=event is not None,
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if event is None:
-            return bool(cursor.rowcount == 1)
+        if event is None and not fields:
+            return () if cursor.rowcount == 1 else None
         rows = cursor.fetchall()
     if len(rows) != 1:
-        return False
-    *context, stopped = rows[0]
-    details = _details(event, values)
-    if event == "settled":
-        details["workStopped"] = stopped is not None
-    events.emit_row(event, job_id, tuple(context), **details)
-    return True
+        return None
+    row = tuple(rows[0])
+    if event is not None:
+        *context, stopped = row[len(fields) :]
+        details = _details(event, values)
+        if event == "settled":
+            details["workStopped"] = stopped is not None
+        events.emit_row(event, job_id, tuple(context), **details)
+    return row[: len(fields)]

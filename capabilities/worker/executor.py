@@ -7,6 +7,7 @@ whichever pool runs it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from typing import Any
@@ -16,8 +17,8 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from capabilities.jobs import abort_flags, dispatch, inputs, lifecycle, notes, results
-from capabilities.models import CancelSource, Job, JobStatus
+from capabilities.jobs import dispatch, inputs, lifecycle, notes, results
+from capabilities.models import CancelSource, Job
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
 from capabilities.work.context import CapabilityError, JobAborted
@@ -46,7 +47,12 @@ class WorkerContext:
         self._job = job
         self._interrupter = interrupter
         self._session_id = str(job.session_id)
-        self._last_db_write = 0.0
+        # The interval starts with the work: a call that ends within it leaves no
+        # progress in the DB (the admin only ever sees it settled), and a report the
+        # interval held back is written by the heartbeat (`take_unsaved_progress`).
+        self._last_db_write = time.monotonic()
+        self._unsaved: lifecycle.Progress | None = None
+        self._unsaved_lock = threading.Lock()
         self.saved_files: list[str] = []
 
     @property
@@ -68,12 +74,22 @@ class WorkerContext:
                         self._job.call_id, progress=progress, total=total, stage=stage
                     ),
                 )
+            report = lifecycle.Progress(progress=progress, total=total, stage=stage)
             now = time.monotonic()
-            if now - self._last_db_write >= settings.ABP["PROGRESS_DB_INTERVAL_SECONDS"]:
-                self._last_db_write = now
-                Job.objects.filter(pk=self._job.id, status=JobStatus.RUNNING).update(
-                    progress=progress, progress_total=total, stage=stage[:100]
-                )
+            if now - self._last_db_write < settings.ABP["PROGRESS_DB_INTERVAL_SECONDS"]:
+                with self._unsaved_lock:
+                    self._unsaved = report
+                return
+            self._last_db_write = now
+            with self._unsaved_lock:
+                self._unsaved = None
+            lifecycle.record_progress(self.job_id, report)
+
+    def take_unsaved_progress(self) -> lifecycle.Progress | None:
+        """The last report the interval kept out of the DB, if any (now taken)."""
+        with self._unsaved_lock:
+            unsaved, self._unsaved = self._unsaved, None
+        return unsaved
 
     def save_file(self, data: bytes, *, mime_type: str, filename: str) -> dict[str, Any]:
         """Store output in Django's storage; the consumer inlines or links it."""
@@ -88,32 +104,46 @@ class WorkerContext:
             default_storage.delete(name)
 
 
+_running: WorkerContext | None = None
+
+
+def take_unsaved_progress(job_id: str) -> lifecycle.Progress | None:
+    """The running job's last report not in the DB yet (for the heartbeat to write)."""
+    context = _running
+    if context is None or context.job_id != job_id:
+        return None
+    return context.take_unsaved_progress()
+
+
 def execute(job_id: str, *, worker_name: str) -> None:
     """Run a job if it is still queued; settle it unless a cancel got there first."""
+    global _running  # noqa: PLW0603 - the one job this process runs, for its heartbeat
     interrupter = INTERRUPTER
-    # Register before looking at the flag: a cancel after this point is heard by
-    # the watcher, one before it is seen in the flag.
+    # Register before the start: a cancel that settles after it is heard by the
+    # watcher (or, if the watcher was reconnecting, seen in the flag when it is back).
     interrupter.begin(job_id)
     try:
         _execute(job_id, worker_name, interrupter)
     finally:
+        _running = None
         interrupter.end()
         # This process's slot is free: the next waiting job may go (fair shares).
         dispatch.pump_safely()
 
 
 def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
-    if abort_flags.is_raised(job_id):
-        logger.info("Job %s was cancelled before it started; skipped", job_id)
-        return
-    if not lifecycle.mark_running(job_id, worker_name):
+    global _running  # noqa: PLW0603 - see execute
+    # No look at the abort flag first: every flag goes up after a cancel won its
+    # settle (calls/cancellation.py), and a settled job is no longer queued, so the
+    # conditional start refuses it. A revoke lost while no worker ran changes nothing.
+    job = lifecycle.start(job_id, worker_name, WORKER_FIELDS)
+    if job is None:
         logger.info("Job %s is no longer queued; skipped", job_id)
         return
-    job = Job.objects.only(*WORKER_FIELDS).get(pk=job_id)
     session_id = str(job.session_id)
     if job.notify_started:
         notes.notify(session_id, notes.job_started(job.call_id))
-    context = WorkerContext(job, interrupter)
+    context = _running = WorkerContext(job, interrupter)
     try:
         outcome = _run(job, context, interrupter)
     except JobAborted:

@@ -4,6 +4,9 @@ A thread of its own (its own DB connection): it keeps beating while the task's
 thread is deep in a render. The reaper fails a running job whose heartbeat went
 stale with WORKER_LOST, so a worker killed by the kernel, an operator or a
 crash still gets its agent an answer.
+
+The same write carries the job's last progress report if the DB interval held it
+back (a job that reported early, then went quiet), so the admin catches up.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from django.conf import settings
 from django.db import connection
 
 from capabilities.jobs import lifecycle
+from capabilities.worker import executor
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
 logger = logging.getLogger(__name__)
@@ -37,7 +41,8 @@ class Heartbeat(threading.Thread):
                 if job_id is None:
                     continue
                 try:
-                    lifecycle.heartbeat(job_id)
+                    # A progress report held back by the DB interval goes with it.
+                    lifecycle.heartbeat(job_id, executor.take_unsaved_progress(job_id))
                 except Exception:
                     logger.warning("Heartbeat of job %s not written", job_id, exc_info=True)
         finally:

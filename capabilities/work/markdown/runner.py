@@ -14,6 +14,7 @@ module (the schemas live in `spec`).
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import markdown
@@ -51,6 +52,7 @@ _CODE_CLASS = re.compile(r"language-[\w#.+-]+")
 # other id (`{#id}` of attr_list) could clobber an id of the page showing the HTML.
 _FOOTNOTE_ID = re.compile(r"fn(ref\d*)?:.+", re.DOTALL)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_local = threading.local()
 
 
 def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -70,11 +72,26 @@ def to_html(text: str, *, sanitize: bool = True) -> str:
     # A lone surrogate (valid in JSON, not in UTF-8) would make nh3 fail.
     text = _SURROGATE.sub("\ufffd", text)
     try:
-        html: str = markdown.markdown(text, extensions=list(EXTENSIONS), output_format="html")
+        html: str = _converter().reset().convert(text)
     except RecursionError:
         # Python-Markdown recurses once per nesting level (lists, quotes, HTML blocks).
         raise _invalid("The Markdown is nested too deeply to convert.") from None
     return sanitize_html(html) if sanitize else html
+
+
+def _converter() -> markdown.Markdown:
+    """This thread's Markdown instance, made once: building one loads every extension.
+
+    Reset before each use, not after, so a conversion that ended halfway (a cancel
+    raised into it, a RecursionError) leaves nothing behind for the next. One per
+    thread: an instance holds the state of the document it converts.
+    """
+    converter: markdown.Markdown | None = getattr(_local, "converter", None)
+    if converter is None:
+        converter = _local.converter = markdown.Markdown(
+            extensions=list(EXTENSIONS), output_format="html"
+        )
+    return converter
 
 
 def sanitize_html(html: str) -> str:
