@@ -20,6 +20,7 @@ from capabilities.mcp_door.app import MCPDoor, routed  # noqa: E402
 from capabilities.transport.browser_origins import browser_origin_validator  # noqa: E402
 from capabilities.transport.hosts import AllowedHostsValidator  # noqa: E402
 from capabilities.transport.routing import websocket_urlpatterns  # noqa: E402
+from capabilities.web import uploads_early_limit  # noqa: E402
 
 
 def _close_oversized_frames_with_1009() -> None:
@@ -73,6 +74,7 @@ class ConnectionClosedError(OSError):
 
 _close_oversized_frames_with_1009()
 _refuse_sends_after_disconnect()
+uploads_early_limit.install()
 
 # The client's address comes from trusted proxies' headers before anything reads it:
 # Django's REMOTE_ADDR and the consumer's per-address budgets alike.

@@ -468,6 +468,14 @@ ABP: dict[str, Any] = {
     "MAX_IMAGE_DIMENSION": _env_int("ABP_MAX_IMAGE_DIMENSION", 16384),
     # process.image: largest encoded output (bytes).
     "MAX_IMAGE_OUTPUT_BYTES": _env_int("ABP_MAX_IMAGE_OUTPUT_BYTES", 50 * 1024 * 1024),
+    # Uploads (POST/PUT /abp/uploads, docs/uploads.md): raw bytes a session then names
+    # in a call instead of inline base64. Largest body (checked on Content-Length,
+    # before it is read; default: the largest binary input a capability takes), and
+    # how long an upload may be named in a call; retention deletes it later.
+    "MAX_UPLOAD_BYTES": _env_int(
+        "ABP_MAX_UPLOAD_BYTES", _env_int("ABP_MAX_IMAGE_BYTES", 25 * 1024 * 1024)
+    ),
+    "UPLOAD_TTL_SECONDS": _env_int("ABP_UPLOAD_TTL_SECONDS", 15 * 60),
     # Address space (RLIMIT_AS) of each worker child, in MiB; 0: no limit. A job that
     # needs more fails cleanly (OPERATION_FAILED, or WORKER_LOST if a library aborts)
     # and the child is replaced, instead of the host running out of memory. About

@@ -1,9 +1,9 @@
 """Starting a call: every check, in order, then the job. The same for every door.
 
 What the principal may call and how much it may send, its calls per minute, the
-capability's schema, then (in the same thread hop that stores the row) whether a
-live worker can run it and how many calls the principal has queued. Nothing is
-stored or queued before every check has passed.
+capability's schema and the uploads it names, then (in the same thread hop that
+stores the row) whether a live worker can run it and how many calls the principal
+has queued. Nothing is stored or queued before every check has passed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
 from capabilities.calls import availability, budgets
 from capabilities.calls.start_ticket import StartTicket
+from capabilities.jobs import uploads
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
 from capabilities.protocol import ErrorCode, WireError, responses
@@ -72,6 +73,7 @@ async def start(principal: Principal, call: CallRequest) -> Job:
         budgets.call_refusal(principal, call.capability, call.params)
         or await over_rate_limit(principal)
         or spec.validate(call.params)
+        or uploads.refusal(call.session_id, call.capability, call.params)
     )
     if error is not None:
         raise CallRefused(error)

@@ -1,8 +1,11 @@
-"""What is kept, and for how long: result files, then job rows and ended sessions.
+"""What is kept, and for how long: result files, uploads, then job rows and ended sessions.
 
 Run by Celery beat (`abp.clean_up`). Result files go RESULT_RETENTION_SECONDS after
 their job settled (their download URLs answer 410 from then on, even before this
 runs); job rows, and ended sessions left without jobs, go JOB_RETENTION_DAYS after.
+Uploads (`uploads/<session id>/<expiry>-<random>`, jobs/uploads.py) go once their
+expiry is past by MAX_TIMEOUT_MS: a call that named one just before it expired may
+wait that long for a worker to read it. No new call can name it after its expiry.
 
 Files are found through the storage API alone, so it works on any of Django's
 storages: each job's files sit under `results/<job id>/` and `inputs/<job id>/`,
@@ -24,6 +27,7 @@ from django.core.files.storage import default_storage
 from django.db.models import Q
 from django.utils import timezone
 
+from capabilities.jobs import uploads
 from capabilities.jobs.download_links import RESULTS_DIR
 from capabilities.jobs.inputs import INPUTS_DIR
 from capabilities.models import AgentSession, Job
@@ -42,6 +46,10 @@ def clean_up() -> tuple[int, int]:
     files_before = now - timedelta(seconds=settings.ABP["RESULT_RETENTION_SECONDS"])
     rows_before = now - timedelta(days=settings.ABP["JOB_RETENTION_DAYS"])
     folders = sum(_remove_old_files(top, files_before) for top in FOLDERS)
+    last_use = now - timedelta(milliseconds=settings.ABP["MAX_TIMEOUT_MS"])
+    removed_uploads = remove_expired_uploads(int(last_use.timestamp()))
+    if removed_uploads:
+        logger.info("Removed %d expired uploads", removed_uploads)
     deleted_jobs, _ = Job.objects.filter(settled_at__lt=rows_before).delete()
     AgentSession.objects.filter(closed_at__lt=rows_before, jobs__isnull=True).delete()
     if folders or deleted_jobs:
@@ -75,6 +83,31 @@ def _remove_old_files(top: str, settled_before: datetime) -> int:
         _remove_empty_folder(path)
         removed += 1
     return removed
+
+
+def remove_expired_uploads(expired_before: int) -> int:
+    """Delete the uploads that expired before then (Unix seconds); how many."""
+    try:
+        sessions, _ = default_storage.listdir(uploads.UPLOADS_DIR)
+    except FileNotFoundError:  # the filesystem, before the first upload
+        return 0
+    removed = 0
+    for session in sessions:
+        path = f"{uploads.UPLOADS_DIR}/{session}"
+        names = default_storage.listdir(path)[1]
+        old = [name for name in names if _expired(name, expired_before)]
+        for name in old:
+            default_storage.delete(f"{path}/{name}")
+        removed += len(old)
+        if len(old) == len(names):
+            _remove_empty_folder(path)
+    return removed
+
+
+def _expired(file_name: str, before: int) -> bool:
+    """Whether a file is an upload (by its name) that expired before then."""
+    expiry = uploads.expiry_of(file_name)
+    return expiry is not None and expiry < before
 
 
 def _job_id(name: str) -> uuid.UUID | None:

@@ -1,4 +1,4 @@
-"""JSON Schema pieces shared by capabilities: binary results as the wire carries them."""
+"""JSON Schema pieces shared by capabilities: binary inputs and results as the wire carries them."""
 
 from __future__ import annotations
 
@@ -35,4 +35,46 @@ def binary_result(mime_type: dict[str, Any], what: str) -> dict[str, Any]:
                 "required": ["downloadUrl", "mimeType", "size", "filename", "expiresAt"],
             },
         ]
+    }
+
+
+# The key of an upload reference (capabilities/jobs/uploads.py, docs/uploads.md).
+UPLOAD_REFERENCE_KEY = "uploadId"
+
+
+def binary_input(description: str, *, content_description: str) -> dict[str, Any]:
+    """A binary input: inline BinaryData (base64), or a reference to an upload (ours).
+
+    One object schema, so that errors name the field (`params.image.content`) and the
+    server's size limit can sit on `content` as its maxLength. With `uploadId` the
+    object is a reference: `content` must then be absent, and the other fields are
+    what the upload route answered (informative).
+    """
+    return {
+        "title": "BinaryData, or an upload reference",
+        "description": description,
+        "type": "object",
+        "properties": {
+            "content": {"type": "string", "minLength": 1, "contentEncoding": "base64"},
+            UPLOAD_REFERENCE_KEY: {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 1024,
+                "description": "An upload of this session (POST /abp/uploads), instead of content.",
+            },
+            "mimeType": {"type": "string", "maxLength": 255, "description": content_description},
+            "encoding": {"const": "base64", "default": "base64"},
+            "size": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 2**63 - 1,  # any byte count fits in 64 bits
+                "description": "Ignored.",
+            },
+            "filename": {"type": "string", "maxLength": 255, "description": "Ignored."},
+            "expiresAt": {"type": "string", "maxLength": 64, "description": "Ignored."},
+        },
+        "additionalProperties": False,
+        "if": {"required": [UPLOAD_REFERENCE_KEY]},
+        "then": {"not": {"required": ["content"]}},
+        "else": {"required": ["content"]},
     }

@@ -9,7 +9,10 @@
  *   origin as targetOrigin, never "*".
  * - A message that cannot be relayed (not an envelope, not serializable, too large)
  *   is answered here with a coded error, as the server answers a bad frame.
- * - Binary inputs posted as ArrayBuffers (or views, or Blobs) are encoded to base64
+ * - Binary inputs posted as ArrayBuffers (or views, or Blobs, or base64) of 64 KiB or
+ *   more are uploaded to the app (our extension, docs/uploads.md; uploads.js) with
+ *   the page token and the session the bridge saw initialized, and relayed as their
+ *   reference; smaller ones, and any whose upload failed, are encoded to base64
  *   before relaying. A call whose options say `binary: "arraybuffer"` (an option of
  *   this bridge, removed before relaying) gets its inline binary results back as
  *   ArrayBuffers, transferred (no copy).
@@ -30,6 +33,7 @@
 
 import { WebSocketTransport } from "./client.js";
 import { PageToken } from "./page_token.js";
+import { uploadBinaryInputs, uploadUrl } from "./uploads.js";
 import {
   BridgeMessageType,
   ErrorCode,
@@ -141,6 +145,8 @@ export class Bridge {
    * @type {Record<string, any> | null}
    */
   #refusal = null;
+  /** The session the app opened on the socket (initialize-result), for uploads. @type {string | null} */
+  #sessionId = null;
   /** Relayed requests waiting for their reply, by envelope id. @type {Map<string, Relayed>} */
   #relayed = new Map();
   // Messages are handled in order in each direction, though some steps are async
@@ -235,6 +241,7 @@ export class Bridge {
     }
     const refuse = (/** @type {WireError} */ error) => this.#toParent(errorReply(type, id, error, relayed.callId));
     try {
+      if (type === MessageType.CALL && isRecord(payload)) payload = await this.#withUploads(payload);
       payload = await encodeBinaryInputs(payload);
     } catch (error) {
       refuse(wireError(ErrorCode.INVALID_PARAMS, `A binary input could not be read: ${error}`));
@@ -259,6 +266,16 @@ export class Bridge {
     }
     if (type !== undefined && id !== undefined && type in REPLY_TYPES) this.#relayed.set(id, relayed);
     this.#relay(text);
+  }
+
+  /**
+   * The call's payload, its large binary inputs uploaded (the same origin as this page).
+   * @param {Record<string, any>} payload
+   */
+  async #withUploads(payload) {
+    if (this.#sessionId === null || this.#socket === null) return payload;
+    const target = { url: uploadUrl(this.#socket.url), token: await this.#token.get(), sessionId: this.#sessionId };
+    return { ...payload, params: await uploadBinaryInputs(payload.params, target) };
   }
 
   /**
@@ -372,6 +389,9 @@ export class Bridge {
     /** @type {Transferable[]} */
     let transfer = [];
     const id = readableId(message.id);
+    if (message.type === MessageType.INITIALIZE_RESULT && isRecord(message.payload)) {
+      this.#sessionId = typeof message.payload.sessionId === "string" ? message.payload.sessionId : null;
+    }
     const relayed = id === undefined ? undefined : this.#relayed.get(id);
     if (id !== undefined && relayed !== undefined && REPLY_TYPES[relayed.type] === message.type) {
       this.#relayed.delete(id);
@@ -417,6 +437,7 @@ export class Bridge {
   #closed(socket, info) {
     if (socket !== this.#socket) return;
     this.#socket = null;
+    this.#sessionId = null;
     const unread = this.#unheard;
     this.#unheard = null;
     const retried = this.#retrying;

@@ -12,6 +12,11 @@
  *   const result = await client.call("export.pdf", { html }, { signal: controller.signal });
  *   if (result.cancelled) ...
  *
+ * Binary inputs (`{content: ArrayBuffer | view | Blob | base64, mimeType}`) of 64 KiB
+ * or more are uploaded first over a WebSocket (our extension, docs/uploads.md; see
+ * uploads.js) and named by reference; smaller ones, and any whose upload fails, go
+ * inline as base64.
+ *
  * Every call settles exactly once with an ABPResponse; it never rejects. An aborted
  * signal (or `timeout`) sends `capabilities/cancel` and the call resolves with the
  * server's cancelled result; a signal aborted before the call sends nothing and the
@@ -43,6 +48,7 @@ import {
   refusalNotice,
   wireError,
 } from "./wire.js";
+import { uploadBinaryInputs, uploadUrl } from "./uploads.js";
 
 export {
   ABPError,
@@ -119,8 +125,14 @@ export class WebSocketTransport {
     /** @type {"websocket"} */
     this.kind = "websocket";
     this.url = url;
+    this.token = token;
     /** @type {string[] | undefined} */
     this.protocols = token ? bearerSubprotocols(token) : undefined;
+    /**
+     * The session, once initialized: large binary inputs of its calls are uploaded
+     * (uploads.js) and named by reference. @type {string | null}
+     */
+    this.sessionId = null;
     /** @type {WebSocket | null} */
     this.socket = null;
     /** @type {() => void} */
@@ -193,11 +205,23 @@ export class WebSocketTransport {
       if (socket === null || socket.readyState !== WebSocket.OPEN) {
         throw new ABPError(wireError(ErrorCode.DISCONNECTED, "The connection is closed."));
       }
-      const text = JSON.stringify(await encodeBinaryInputs(message));
+      const text = JSON.stringify(await encodeBinaryInputs(await this.#withUploads(message)));
       socket.send(text);
     });
     this.queue = sent.catch(noop);
     return sent;
+  }
+
+  /**
+   * A call whose large binary inputs were uploaded (in the queue: frames keep their order).
+   * @param {Envelope} message
+   * @returns {Promise<Envelope>}
+   */
+  async #withUploads(message) {
+    if (message.type !== MessageType.CALL || this.sessionId === null || !isRecord(message.payload)) return message;
+    const target = { url: uploadUrl(this.url), token: this.token, sessionId: this.sessionId };
+    const params = await uploadBinaryInputs(message.payload.params, target);
+    return { ...message, payload: { ...message.payload, params } };
   }
 
   /**
@@ -400,6 +424,7 @@ export class ABPClient {
             return;
           }
           this.sessionId = reply.sessionId;
+          if (this.#transport instanceof WebSocketTransport) this.#transport.sessionId = reply.sessionId ?? null;
           this.session = /** @type {InitializeResult} */ (reply);
           resolve(this.session);
         },
@@ -679,6 +704,7 @@ export class ABPClient {
       }
     }
     this.sessionId = null;
+    if (this.#transport instanceof WebSocketTransport) this.#transport.sessionId = null;
     this.#emit("close", info);
   }
 }

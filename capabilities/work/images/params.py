@@ -1,9 +1,11 @@
-"""The `process.image` parameters as typed values, and the image's bytes from base64.
+"""The `process.image` parameters as typed values, and the image's bytes.
 
 The input schema (`spec`) checked the parameters before the job was queued; they are
 read here, not checked again. What it cannot check is checked where it is known: the
 content's base64 and decoded size here, the image's size after each operation in
-`geometry`.
+`geometry`. An image sent as an upload reference arrives as bytes (the worker read it
+from storage: capabilities/jobs/inputs.py), or as the error to raise for a reference
+the call may not use.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ Operation = (
 class Request:
     """The call's parameters, as typed values."""
 
-    content: str
+    content: str | bytes  # base64 text, or the bytes of an upload
     operations: tuple[Operation, ...]
     format: ImageFormat | None
     quality: int | None
@@ -150,11 +152,21 @@ def parse(params: dict[str, Any]) -> Request:
     """The parameters, valid by the input schema, as typed values."""
     fields = Fields(params, "params")
     return Request(
-        content=fields.object("image").string("content"),
+        content=_content(fields.object("image")),
         operations=tuple(_operation(item) for item in fields.objects("operations")),
         format=fields.optional_choice("format", ImageFormat),
         quality=fields.optional_integer("quality"),
     )
+
+
+def _content(image: Fields) -> str | bytes:
+    """The image's base64 text, or its bytes when it came as an upload."""
+    content = image.get("content")
+    if isinstance(content, CapabilityError):  # a reference this call may not use
+        raise content
+    if isinstance(content, bytes):
+        return content
+    return image.string("content")
 
 
 def _operation(fields: Fields) -> Operation:
@@ -194,11 +206,14 @@ def _operation(fields: Fields) -> Operation:
             return Convert(format=fields.choice("format", ImageFormat))
 
 
-def _image_bytes(content: str, limits: Limits) -> bytes:
-    """The decoded base64 content: strict, but line breaks (MIME style) are forgiven.
+def _image_bytes(content: str | bytes, limits: Limits) -> bytes:
+    """The image's bytes: an upload's as they are, base64 decoded strictly (line
+    breaks, MIME style, are forgiven).
 
     The schema bounds the text's length; only decoding tells the bytes' exact count.
     """
+    if isinstance(content, bytes):
+        return _within(content, limits)
     if content.startswith("data:"):
         message = "'params.image.content' must be plain base64, not a data: URL."
         raise _invalid(_CONTENT, message)
@@ -208,6 +223,10 @@ def _image_bytes(content: str, limits: Limits) -> bytes:
         data = _b64decode(compact) if compact != content else None
     if data is None:
         raise _invalid(_CONTENT, "'params.image.content' is not valid base64.")
+    return _within(data, limits)
+
+
+def _within(data: bytes, limits: Limits) -> bytes:
     limit = limits.input_bytes
     if len(data) > limit:
         raise _invalid(_CONTENT, f"The image is larger than {limit} bytes.", limit=limit)

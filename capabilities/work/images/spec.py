@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from capabilities.work.registry import CapabilitySpec, SettingMaximum, SizeLimit
-from capabilities.work.schemas import binary_result
+from capabilities.work.schemas import binary_input, binary_result
 
 
 class ImageFormat(StrEnum):
@@ -88,7 +88,8 @@ DEFAULT_SHARPEN_THRESHOLD = 3
 DEFAULT_FILENAME_STEM = "image"
 
 DESCRIPTION = (
-    "Transform an image (JPEG, PNG, WebP, GIF (first frame) or TIFF, sent as base64): "
+    "Transform an image (JPEG, PNG, WebP, GIF (first frame) or TIFF, sent as base64 or "
+    "as an upload's reference): "
     "resize, thumbnail, crop, rotate, flip, blur, sharpen, grayscale, then encode it as "
     "JPEG, PNG, WebP, GIF or TIFF. The EXIF orientation is applied first; operations run "
     "in order. Metadata other than the colour profile is dropped. Reports progress per "
@@ -226,30 +227,12 @@ INPUT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "properties": {
-        "image": {
-            "title": "BinaryData",
-            "description": "The input image, base64-encoded (plain base64, not a data: URL). "
-            "Output BinaryData may be passed back as is.",
-            "type": "object",
-            "properties": {
-                "content": {"type": "string", "minLength": 1, "contentEncoding": "base64"},
-                "mimeType": {
-                    "type": "string",
-                    "maxLength": 255,
-                    "description": "Informative: the format is read from the content.",
-                },
-                "encoding": {"const": "base64", "default": "base64"},
-                "size": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": 2**63 - 1,  # any byte count fits in 64 bits
-                    "description": "Ignored.",
-                },
-                "filename": {"type": "string", "maxLength": 255, "description": "Ignored."},
-            },
-            "required": ["content"],
-            "additionalProperties": False,
-        },
+        "image": binary_input(
+            "The input image: BinaryData, base64-encoded (plain base64, not a data: URL; "
+            "output BinaryData may be passed back as is), or the reference an upload "
+            "returned (`{uploadId}`, docs/uploads.md: raw bytes, no base64).",
+            content_description="Informative: the format is read from the content.",
+        ),
         "operations": {
             "type": "array",
             "maxItems": MAX_OPERATIONS,
