@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP through Django, WebSocket through Channels."""
+"""ASGI entry point: HTTP through Django (but /mcp and /abp/uploads), WebSocket through Channels."""
 
 import os
 import sys
@@ -20,7 +20,7 @@ from capabilities.mcp_door.app import MCPDoor, routed  # noqa: E402
 from capabilities.transport.browser_origins import browser_origin_validator  # noqa: E402
 from capabilities.transport.hosts import AllowedHostsValidator  # noqa: E402
 from capabilities.transport.routing import websocket_urlpatterns  # noqa: E402
-from capabilities.web import uploads_early_limit  # noqa: E402
+from capabilities.web import uploads, uploads_early_limit  # noqa: E402
 
 
 def _close_oversized_frames_with_1009() -> None:
@@ -81,8 +81,9 @@ uploads_early_limit.install()
 application = behind_trusted_proxies(
     ProtocolTypeRouter(
         {
-            # /mcp is the MCP door (capabilities/mcp_door/), the rest Django.
-            "http": routed(MCPDoor(), django_asgi_app),
+            # /mcp is the MCP door (capabilities/mcp_door/), /abp/uploads takes raw
+            # bytes to storage (capabilities/web/uploads.py), the rest is Django.
+            "http": routed(MCPDoor(), uploads.in_front_of(django_asgi_app)),
             "websocket": AllowedHostsValidator(
                 browser_origin_validator(URLRouter(websocket_urlpatterns))
             ),

@@ -18,8 +18,9 @@ Run: .venv/bin/python bench/side_by_side.py [--quick]
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime
+import http.client
+import json
 import os
 import platform
 import random
@@ -145,16 +146,27 @@ def cancel_rounds(agent: Agent, rounds: int, rng: random.Random) -> dict[str, li
 
 
 def image_through_stack(agent: Agent, jpeg: bytes) -> None:
-    """process.image of the JPEG to 800x600 through the stack, its bytes sent inline."""
-    image = {
-        "content": base64.b64encode(jpeg).decode(),
-        "mimeType": "image/jpeg",
-        "encoding": "base64",
-    }
+    """process.image of the JPEG to 800x600 through the stack: uploaded, then named.
+
+    The bytes go raw to `POST /abp/uploads` (a new HTTP connection, as a client
+    that only uploads now and then opens one), and the call passes the reference.
+    """
+    connection = http.client.HTTPConnection("127.0.0.1", STACK.web_port, timeout=60)
+    try:
+        headers = {
+            "Authorization": f"Bearer {os.environ['ABP_TEST_AGENT_KEY']}",
+            "ABP-Session": str(agent.session_id),
+            "Content-Type": "image/jpeg",
+        }
+        connection.request("POST", "/abp/uploads", body=jpeg, headers=headers)
+        response = connection.getresponse()
+        answer = response.read()
+    finally:
+        connection.close()
+    assert response.status == 201, answer
     operations = [{"type": "resize", "width": 800, "height": 600, "fit": "fill"}]
-    through_stack(
-        agent, "process.image", {"image": image, "operations": operations, "format": "jpeg"}
-    )
+    params = {"image": json.loads(answer), "operations": operations, "format": "jpeg"}
+    through_stack(agent, "process.image", params)
 
 
 def alternating(rounds: int, agent: Agent, **work: Callable[[], object]) -> dict[str, list[float]]:
@@ -286,7 +298,8 @@ def main() -> None:
             f" (+{added:.2f} ms)",
         ),
         compare(
-            f"`process.image`, 12 MP JPEG ({len(jpeg) / 1e6:.1f} MB, sent as base64 inline) -> "
+            f"`process.image`, 12 MP JPEG ({len(jpeg) / 1e6:.1f} MB, uploaded raw to "
+            "`/abp/uploads` then named by reference, the upload included) -> "
             f"800x600 / best in-process Pillow recipe ({images} rounds; goal <= 1.2x)",
             image["stack"],
             image["best"],

@@ -63,9 +63,9 @@ def put(
         connection.request(method, "/abp/uploads", body=body, headers=sent)
         response = connection.getresponse()
         body = response.read()
-        # Django's own refusals (a bad Host) are HTML.
-        is_json = response.headers.get("Content-Type") == "application/json"
-        return response.status, json.loads(body) if is_json else {}
+        assert response.headers["Content-Type"] == "application/json"
+        assert response.headers["Cache-Control"] == "no-store"
+        return response.status, json.loads(body)
     finally:
         connection.close()
 
@@ -247,10 +247,22 @@ def test_an_ended_session_takes_no_upload(stack: Stack) -> None:
 
 
 def test_other_methods_and_hosts_are_refused(stack: Stack, agent: Agent) -> None:
-    status, _ = put(stack, None, session=agent.session_id, method="GET")
-    assert status == 405
-    status, _ = put(stack, b"x", session=agent.session_id, headers={"Host": "evil.example"})
-    assert status == 400
+    status, answer = put(stack, None, session=agent.session_id, method="GET")
+    assert (status, answer["error"]["code"]) == (405, ErrorCode.INVALID_PARAMS)
+    status, answer = put(stack, b"x", session=agent.session_id, headers={"Host": "evil.example"})
+    assert (status, answer["error"]["details"]) == (400, {"header": "Host"})
+
+
+def test_other_paths_still_reach_django(stack: Stack) -> None:
+    # The route sits in front of Django (abpsite/asgi.py): the rest is Django's.
+    connection = http.client.HTTPConnection("127.0.0.1", stack.web_port, timeout=30)
+    try:
+        connection.request("GET", "/abp.json")
+        response = connection.getresponse()
+        assert response.status == 200
+        assert "capabilities" in json.loads(response.read())
+    finally:
+        connection.close()
 
 
 # --- in-process seams -----------------------------------------------------------------

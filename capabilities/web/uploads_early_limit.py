@@ -1,11 +1,11 @@
 """Refuse an over-limit upload from its headers, before Daphne reads the body.
 
 Daphne (through twisted.web) reads a request's whole body into memory or a temporary
-file before any ASGI application sees the request, so the upload view's own 411/413
+file before any ASGI application sees the request, so the upload route's own 411/413
 come after the bytes arrived. Twisted calls `Request.gotLength` once the headers are
 in and before the first body byte: there, a `POST`/`PUT` to the upload route whose
 Content-Length is missing (chunked) or over ABP_MAX_UPLOAD_BYTES is answered with the
-view's own JSON error and the connection closed, which stops reading from the socket.
+route's own JSON error and the connection closed, which stops reading from the socket.
 
 `install()` patches Daphne's request class; it is meant to be called once by
 abpsite/asgi.py at start, beside its other Daphne adjustments.
@@ -18,7 +18,7 @@ from typing import Any
 
 from capabilities.web import uploads
 
-UPLOAD_PATH = b"/abp/uploads"
+UPLOAD_PATH = uploads.PATH.encode()
 _REASONS = {411: b"Length Required", 413: b"Content Too Large"}
 
 

@@ -32,6 +32,7 @@ from PIL import (
 
 # The `name as name` imports are re-exports: the tests reach them through this module.
 from capabilities.work.context import JobContext
+from capabilities.work.images import heap
 from capabilities.work.images.geometry import (
     Box,
     Size,
@@ -493,7 +494,9 @@ def warm_up() -> None:
 
     Pillow imports most of its plugins on the first open of a WebP or TIFF, and the
     codecs set themselves up on first use; done in the parent, every child shares it.
+    So does the process's malloc, tuned to keep what a job frees for the next (`heap`).
     """
+    heap.keep_freed_memory()
     tiny = Image.new("RGB", (32, 32), (200, 100, 50))
     for output in ImageFormat:
         buffer = io.BytesIO()
