@@ -499,6 +499,17 @@ ABP: dict[str, Any] = {
     "PAGE_TOKEN_MAX_PARAMS_BYTES": _env_int("ABP_PAGE_TOKEN_MAX_PARAMS_BYTES", 1024 * 1024),
     "PAGE_TOKEN_MAX_TIMEOUT_MS": _env_int("ABP_PAGE_TOKEN_MAX_TIMEOUT_MS", 2 * 60 * 1000),
     "PAGE_TOKEN_CAPABILITIES": _env_list("ABP_PAGE_TOKEN_CAPABILITIES"),
+    # The local lane (docs/design.md#the-local-lane): small calls of these capabilities,
+    # with params up to LOCAL_LANE_MAX_PARAMS_BYTES of JSON, run in a pool of
+    # LOCAL_LANE_PROCESSES processes beside each Daphne instead of through Celery
+    # (0: off), each capped at LOCAL_LANE_MEMORY_LIMIT_MB of address space and killed
+    # after LOCAL_LANE_TIME_LIMIT_SECONDS (kept under WORKER_LOST_AFTER_SECONDS: the
+    # reaper fails a local run whose Daphne died after that long).
+    "LOCAL_LANE_PROCESSES": _env_int("ABP_LOCAL_LANE_PROCESSES", 1),
+    "LOCAL_LANE_CAPABILITIES": _env_list("ABP_LOCAL_LANE_CAPABILITIES", "convert.markdownToHtml"),
+    "LOCAL_LANE_MAX_PARAMS_BYTES": _env_int("ABP_LOCAL_LANE_MAX_PARAMS_BYTES", 64 * 1024),
+    "LOCAL_LANE_TIME_LIMIT_SECONDS": _env_float("ABP_LOCAL_LANE_TIME_LIMIT_SECONDS", 5.0),
+    "LOCAL_LANE_MEMORY_LIMIT_MB": _env_int("ABP_LOCAL_LANE_MEMORY_LIMIT_MB", 1024),
     # The queue of each cost class, and capabilities moved to another queue
     # (`ABP_CAPABILITY_QUEUES=export.pdf=abp.pdf,...`).
     "QUEUES": {"small": SMALL_QUEUE, "heavy": HEAVY_QUEUE},

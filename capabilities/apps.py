@@ -6,7 +6,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 
-from capabilities.checks import development_password_in_use
+from capabilities.checks import development_password_in_use, local_lane_time_limit
 
 logger = logging.getLogger("capabilities")
 
@@ -20,6 +20,7 @@ class CapabilitiesConfig(AppConfig):
 
     def ready(self) -> None:
         checks.register(development_password_in_use, checks.Tags.security)
+        checks.register(local_lane_time_limit)
         if settings.ABP["ALLOW_ANONYMOUS"]:
             # Production refuses this setting; in development, say it loudly.
             logger.warning(

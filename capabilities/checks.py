@@ -2,7 +2,8 @@
 
 Settings refuse unsafe values as they load (`abpsite.safety`); an account that
 still logs in with the development password lives in the database, so it is a
-system check. Daphne runs no checks itself: the web commands (Procfile, the
+system check, as is a local lane whose runs would outlive the reaper's
+patience. Daphne runs no checks itself: the web commands (Procfile, the
 image's CMD, docker-compose.yml) run `manage.py check` before it, and `migrate`
 runs it too.
 """
@@ -66,4 +67,21 @@ def _accounts_with_development_password() -> list[str]:
         str(username)
         for username, encoded in candidates
         if check_password(settings.DEV_SUPERUSER_PASSWORD, encoded)
+    ]
+
+
+def local_lane_time_limit(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
+    """An Error if local runs may last as long as a dead worker is waited for."""
+    abp = settings.ABP
+    limit, lost_after = abp["LOCAL_LANE_TIME_LIMIT_SECONDS"], abp["WORKER_LOST_AFTER_SECONDS"]
+    if abp["LOCAL_LANE_PROCESSES"] <= 0 or limit < lost_after:
+        return []
+    return [
+        checks.Error(
+            f"ABP_LOCAL_LANE_TIME_LIMIT_SECONDS ({limit}) must be under "
+            f"ABP_WORKER_LOST_AFTER_SECONDS ({lost_after}): the reaper would fail a local "
+            "run still going as WORKER_LOST.",
+            hint="Lower the lane's time limit, or turn the lane off (ABP_LOCAL_LANE_PROCESSES=0).",
+            id="capabilities.E002",
+        )
     ]

@@ -40,6 +40,17 @@ def pytest_sessionfinish() -> None:
     environment.remove_database()
 
 
+@pytest.fixture(autouse=True)
+def no_local_lane_in_pytest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consumers run in this process (WebsocketCommunicator) start no local lane.
+
+    The stack's Daphnes have theirs; one here would fork processes from pytest.
+    """
+    from capabilities.calls import local_lane
+
+    monkeypatch.setattr(local_lane, "start_soon", lambda: None)
+
+
 @pytest.fixture(scope="session")
 def database() -> None:
     """The run's database (SQLite, or PostgreSQL), migrated, with the suite's agent key."""

@@ -50,11 +50,18 @@ def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) 
     return None
 
 
-def create_job(principal: Principal, ticket: StartTicket | None = None, **job: Any) -> Job:
+def create_job(
+    principal: Principal,
+    ticket: StartTicket | None = None,
+    run_by: str | None = None,
+    **job: Any,
+) -> Job:
     """`jobs.create_job`, unless the principal already has its most calls queued.
 
     `ticket`: sealed just before the row is written; a cancel that came first has
     the row written settled as cancelled (and delivered: its agent has the answer).
+    `run_by`: the local lane that would run it at once, if the principal's share
+    has room (calls/local_lane.py).
     """
     # One read serves the budget here and the hand-over decision in create_job.
     counts = slot_counts(queue.queue_for(job["capability"]), principal.rate_limit_id)
@@ -71,6 +78,7 @@ def create_job(principal: Principal, ticket: StartTicket | None = None, **job: A
         principal=principal.rate_limit_id,
         max_running=principal.max_concurrent_calls,
         counts=counts,
+        run_by=run_by if counts.mine < principal.max_concurrent_calls else None,
         settled=(
             None
             if cancel_reason is None

@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
-from capabilities.calls import availability, budgets
+from capabilities.calls import availability, budgets, local_lane
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import uploads
 from capabilities.jobs.lifecycle import CallIdInUse
@@ -54,6 +54,8 @@ class CallRequest:
     notify_started: bool
     ticket: StartTicket | None = None
     """A cancel's way in while the job is being written (the WebSocket doors)."""
+    deliver: local_lane.Deliver | None = None
+    """Answers a local run at once if the door still holds the call (the WebSocket doors)."""
 
 
 def capability_names() -> list[str]:
@@ -79,6 +81,7 @@ async def start(principal: Principal, call: CallRequest) -> Job:
         raise CallRefused(error)
     timeouts = spec.timeouts()
     default_ms = min(timeouts.default_ms, principal.max_timeout_ms(timeouts.max_ms))
+    lane = local_lane.lane()
     try:
         job: Job = await database_sync_to_async(_create_job)(
             principal,
@@ -91,6 +94,7 @@ async def start(principal: Principal, call: CallRequest) -> Job:
             progress_token=call.progress_token,
             notify_started=call.notify_started,
             ticket=call.ticket,
+            run_by=lane.name if lane.takes(call.capability, call.params) else None,
         )
     except budgets.OverBudget as over:
         raise CallRefused(over.error) from None
@@ -107,6 +111,8 @@ async def start(principal: Principal, call: CallRequest) -> Job:
     except Exception:
         logger.exception("Could not create the job of call %s", call.call_id)
         raise CallRefused(NOT_QUEUED) from None
+    if lane.runs(job):
+        local_lane.spawn(job, call.params, call.deliver)
     return job
 
 

@@ -76,6 +76,7 @@ def create_job(
     max_running: int | None = None,
     counts: SlotCounts | None = None,
     settled: Outcome | None = None,
+    run_by: str | None = None,
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
@@ -83,6 +84,8 @@ def create_job(
     `counts`: what the queue and the principal hold, if the caller already read it.
     `settled`: the call was cancelled before this: the row is written with that
     outcome, delivered (its connection answered already), and never sent.
+    `run_by`: the caller runs it at once (calls/local_lane.py): the row is written
+    running, by that worker, on the local queue, and never sent.
     """
     timeout_ms = min(
         timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
@@ -91,7 +94,12 @@ def create_job(
     job_id = uuid.uuid4()
     queue_name = queue.queue_for(capability)
     share = settings.ABP["MAX_CONCURRENT_CALLS"] if max_running is None else max_running
-    go_now = settled is None and dispatch.may_go_now(queue_name, principal, share, counts)
+    if settled is not None:
+        run_by, go_now = None, False
+    elif run_by is not None:
+        queue_name, go_now = queue.LOCAL_QUEUE, True
+    else:
+        go_now = dispatch.may_go_now(queue_name, principal, share, counts)
     stored_params, spilled = inputs.spill(str(job_id), params)
     job = Job(
         id=job_id,
@@ -114,6 +122,9 @@ def create_job(
         for field, value in outcome_values(settled, now).items():
             setattr(job, field, value)
         job.stopped_at = job.delivered_at = now
+    if run_by is not None:
+        job.status, job.worker = JobStatus.RUNNING, run_by[:200]
+        job.started_at = job.heartbeat_at = now
     try:
         # One autocommitted INSERT (no BEGIN/COMMIT round of its own); on_commit
         # then sends it at once, or when the caller's own transaction commits.
@@ -122,14 +133,19 @@ def create_job(
         raise CallIdInUse(call_id) from exc
     if events.enabled():
         transaction.on_commit(lambda: _log_created(job))
-    if settled is None:
+    if settled is None and run_by is None:
         transaction.on_commit(lambda: dispatch.created(job))
     return job
 
 
 def _log_created(job: Job) -> None:
-    """The `created` event, and `dispatched` too for a job handed over as it was made."""
-    for event in ("created", "dispatched") if job.dispatched_at else ("created",):
+    """The `created` event, then `dispatched` and `started` if it was made so."""
+    happened = ["created"]
+    if job.dispatched_at:
+        happened.append("dispatched")
+    if job.started_at:
+        happened.append("started")
+    for event in happened:
         events.emit(
             event,
             job.id,
@@ -139,6 +155,7 @@ def _log_created(job: Job) -> None:
             capability=job.capability,
             queue=job.queue,
             door=events.door_of(job.session_id),
+            **({"worker": job.worker} if event == "started" else {}),
         )
 
 

@@ -20,6 +20,8 @@ from capabilities.models import Job
 from capabilities.work import registry
 
 RUN_JOB = "abp.run_job"
+# Not a Celery queue: the jobs a Daphne runs itself (capabilities/calls/local_lane.py).
+LOCAL_QUEUE = "local"
 
 
 def enqueue(job: Job) -> None:

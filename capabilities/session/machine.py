@@ -501,6 +501,10 @@ class Session:
         """The call, if this connection holds it unanswered."""
         return self._calls.get(call_id)
 
+    def answers(self, call_id: str) -> bool:
+        """Whether this connection would send the call's result now, were it settled."""
+        return call_id in self._calls and self.state is ConnectionState.OPEN
+
     # -- cancels ----------------------------------------------------------------------
 
     def _cancel(self, message: CancelRequest) -> list[Action]:

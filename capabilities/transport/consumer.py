@@ -23,13 +23,20 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from capabilities.access import agent_keys, credentials
-from capabilities.calls import cancellation, held_sessions, manifest, resumption, start
+from capabilities.calls import (
+    cancellation,
+    held_sessions,
+    local_lane,
+    manifest,
+    resumption,
+    start,
+)
 from capabilities.calls.app_info import app_info
 from capabilities.calls.availability import AVAILABILITY_GROUP
 from capabilities.calls.background import Background
 from capabilities.calls.start_ticket import StartTicket
-from capabilities.jobs import notes
-from capabilities.models import Door, session_group
+from capabilities.jobs import lifecycle, notes
+from capabilities.models import Door, Job, session_group
 from capabilities.protocol import (
     CancelPendingRequest,
     CancelRequest,
@@ -84,6 +91,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def connect(self) -> None:
         await availability_watch.ensure_started()
+        local_lane.start_soon()
         self.session = Session(
             capability_names=start.capability_names,
             app=app_info(),
@@ -240,7 +248,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def start_call(self, action: do.StartCall, ticket: StartTicket) -> None:
         """Write the call's job (off the lock), then report it to the session."""
         try:
-            found = await self.io.start_call(action, ticket)
+            found = await self.io.start_call(action, ticket, self.deliver_here)
         except Exception:
             logger.exception("Could not start call %s", action.call_id)
             found = start.NOT_QUEUED
@@ -249,6 +257,16 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 await self.perform(self.session.call_refused(action, found))
             else:
                 await self.perform(self.session.call_started(found))
+
+    async def deliver_here(
+        self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]
+    ) -> bool:
+        """Answer a local run's call from here, if this connection holds it."""
+        async with self.serial:
+            if not self.session.answers(job.call_id):
+                return False
+            await self.perform(await self.io.settle_here(job, outcome, response))
+            return True
 
     async def send_frame(self, text: str) -> bool:
         """Send a frame; False if the socket is gone.
@@ -326,6 +344,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def job_settled(self, event: dict[str, Any]) -> None:
         await self.starts.reported(event["call_id"])
+        call = self.session.in_flight(event["call_id"])
+        if call is not None:  # settled elsewhere (an operator, the reaper): stop it here
+            local_lane.lane().stop(call.job_id)
         async with self.serial:
             await self.perform(self.session.job_settled(event["call_id"], event.get("response")))
 

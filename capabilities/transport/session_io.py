@@ -13,7 +13,14 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, cancellation, resumption, session_records, start
+from capabilities.calls import (
+    budgets,
+    cancellation,
+    local_lane,
+    resumption,
+    session_records,
+    start,
+)
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle
 from capabilities.models import CancelSource, Door, Job
@@ -88,7 +95,9 @@ class SessionIO:
         )
         return resumed
 
-    async def start_call(self, action: StartCall, ticket: StartTicket) -> CallRecord | WireError:
+    async def start_call(
+        self, action: StartCall, ticket: StartTicket, deliver: local_lane.Deliver
+    ) -> CallRecord | WireError:
         """Start the call through the call service: its job, or why not.
 
         Not reported to the session here: the consumer does, under its lock.
@@ -103,12 +112,26 @@ class SessionIO:
             progress_token=action.progress_token,
             notify_started=action.notify_started,
             ticket=ticket,
+            deliver=deliver,
         )
         try:
             job = await start.start(self.principal, call)
         except start.CallRefused as refused:
             return refused.error
         return record_of(job)
+
+    async def settle_here(
+        self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]
+    ) -> list[Action]:
+        """Settle a local run and claim its delivery in one statement; its answer if won."""
+        won = await database_sync_to_async(lifecycle.settle)(
+            job.id, outcome, work_stopped=True, delivered=True
+        )
+        if not won:  # whoever settled it first tells the session
+            await database_sync_to_async(lifecycle.record_stopped)(job.id)
+            return []
+        claim = ClaimResult(call_id=job.call_id, job_id=str(job.id), response=response)
+        return self.session.result_claimed(claim, response)
 
     async def settle_cancels(self, action: SettleCancels) -> list[Action]:
         """The cancel pipeline's first step; the losers' responses when asked for."""

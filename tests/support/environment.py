@@ -122,6 +122,8 @@ def configure(prefix: str, **overrides: str) -> Stack:
             "ABP_REAPER_INTERVAL_SECONDS": "0.5",
             "ABP_HARD_KILL_GRACE_SECONDS": "1.5",
             "ABP_WORKER_LOST_AFTER_SECONDS": "3",
+            # Under the above, as the system check asks.
+            "ABP_LOCAL_LANE_TIME_LIMIT_SECONDS": "1.5",
             # Live workers: quick to appear and to expire, so availability tests are short.
             "ABP_WORKER_ANNOUNCE_SECONDS": "0.5",
             "ABP_WORKER_TTL_SECONDS": "2",

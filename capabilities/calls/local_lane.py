@@ -1,0 +1,254 @@
+"""The local lane: small calls run beside Daphne, in a process pool of their own.
+
+Through Celery a Markdown call of a few kilobytes spends far more on the way (the
+broker, the worker's consumer, the prefork hand-off, the result's trip back) than
+on the work. So calls of LOCAL_LANE_CAPABILITIES with small params, while a lane
+process is free and their agent is within its share, skip Celery:
+
+- their job row is written already running (worker `local@<host>:<pid>`, queue
+  `local`): the row exists before the work starts, and the admin shows it;
+- the run goes to a billiard pool (Celery's own process pool) whose processes come
+  from a fork server, not from Daphne, each capped in memory and killed past
+  LOCAL_LANE_TIME_LIMIT_SECONDS;
+- when it ends, one conditional UPDATE settles the job. If the connection that made
+  the call still holds it, the same statement claims its delivery and that
+  connection answers at once; otherwise the result goes to the session's group, as
+  a worker's does.
+
+A cancel settles first, as always, then stops the work: here, by killing the
+process running it (the pool starts another). If Daphne itself dies, the run's
+heartbeat is as old as its start, and the reaper fails it WORKER_LOST once that is
+WORKER_LOST_AFTER_SECONDS old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import billiard
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from billiard.pool import Pool
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+from capabilities.jobs import lifecycle, notes, results
+from capabilities.models import CancelSource, Job, JobStatus
+from capabilities.protocol import ErrorCode, WireError
+from capabilities.work import local_run
+
+logger = logging.getLogger(__name__)
+
+LOCAL_QUEUE = "local"
+
+# Settles a finished run and answers it, if this connection holds the call; False:
+# it does not, and the session's group hears of the result instead.
+Deliver = Callable[[Job, lifecycle.Outcome, dict[str, Any]], Awaitable[bool]]
+
+
+@dataclass(kw_only=True)
+class _Run:
+    """One run handed to the pool: its answer (None: stopped), and its process."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[dict[str, Any] | None]
+    pid: int | None = None
+    stopped: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LocalLane:
+    """This Daphne's pool, and the runs in it."""
+
+    def __init__(self) -> None:
+        self.name = f"local@{socket.gethostname()}:{os.getpid()}"
+        self._pool: Pool | None = None
+        self._start_lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+
+    def start(self) -> None:
+        """Start the pool, if the lane is on (blocking: call it off the event loop)."""
+        abp = settings.ABP
+        processes = int(abp["LOCAL_LANE_PROCESSES"])
+        with self._start_lock:
+            if self._pool is not None or processes <= 0:
+                return
+            self._pool = Pool(
+                processes=processes,
+                initializer=local_run.prepare,
+                initargs=(
+                    int(abp["LOCAL_LANE_MEMORY_LIMIT_MB"]),
+                    list(abp["LOCAL_LANE_CAPABILITIES"]),
+                ),
+                context=billiard.get_context("forkserver"),
+                enable_timeouts=True,
+            )
+        logger.info("Local lane started: %s processes (%s)", processes, self.name)
+
+    def takes(self, capability: str, params: dict[str, Any]) -> bool:
+        """Whether this call may run here: its capability, its size, a free process."""
+        abp = settings.ABP
+        return (
+            self._pool is not None
+            and capability in abp["LOCAL_LANE_CAPABILITIES"]
+            and len(self._runs) < int(abp["LOCAL_LANE_PROCESSES"])
+            and len(json.dumps(params, ensure_ascii=False)) <= abp["LOCAL_LANE_MAX_PARAMS_BYTES"]
+        )
+
+    def runs(self, job: Job) -> bool:
+        """Whether the job was written to run in this lane."""
+        return job.status == JobStatus.RUNNING and job.worker == self.name
+
+    def run(
+        self, job_id: str, capability: str, params: dict[str, Any], seconds: float
+    ) -> asyncio.Future[dict[str, Any] | None]:
+        """Hand the run to the pool (from the event loop); its answer, None if stopped."""
+        assert self._pool is not None
+        loop = asyncio.get_running_loop()
+        run = _Run(loop=loop, future=loop.create_future())
+        self._runs[job_id] = run
+        run.future.add_done_callback(lambda _: self._runs.pop(job_id, None))
+
+        def accepted(pid: int, _at: float) -> None:
+            with run.lock:
+                run.pid = pid
+                stopped = run.stopped
+            if stopped:  # stopped before its process was known
+                self._kill(pid)
+
+        self._pool.apply_async(
+            local_run.run,
+            (capability, params),
+            callback=lambda answer: loop.call_soon_threadsafe(_resolve, run.future, answer),
+            error_callback=lambda info: loop.call_soon_threadsafe(
+                _resolve, run.future, _failure(info)
+            ),
+            accept_callback=accepted,
+            timeout=max(seconds, 0.001),
+        )
+        return run.future
+
+    def stop(self, job_id: str) -> bool:
+        """Stop the job's run if it is in this lane (from any thread); False if not."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return False
+        with run.lock:
+            run.stopped = True
+            pid = run.pid
+        run.loop.call_soon_threadsafe(_resolve, run.future, None)
+        if pid is not None:
+            self._kill(pid)
+        return True
+
+    def _kill(self, pid: int) -> None:
+        if self._pool is not None:
+            self._pool.terminate_job(pid, signal.SIGKILL)
+
+
+_lane = LocalLane()
+
+
+def lane() -> LocalLane:
+    """This process's lane."""
+    return _lane
+
+
+_starting: asyncio.Future[None] | None = None
+
+
+def start_soon() -> None:
+    """Start the lane off the event loop, once (from it); calls go through Celery meanwhile."""
+    global _starting  # noqa: PLW0603 - one lane per process
+    if _starting is None and int(settings.ABP["LOCAL_LANE_PROCESSES"]) > 0:
+        _starting = asyncio.get_running_loop().run_in_executor(None, _lane.start)
+
+
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def spawn(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
+    """Run a job written to run here, and settle it, in a task of its own."""
+    task = asyncio.create_task(_run_job(job, params, deliver))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
+    try:
+        left = (job.deadline - timezone.now()).total_seconds() if job.deadline else 0.0
+        seconds = min(float(settings.ABP["LOCAL_LANE_TIME_LIMIT_SECONDS"]), left)
+        answer = await _lane.run(str(job.id), job.capability, params, seconds)
+        if answer is None:  # stopped: whoever stopped it settled it first
+            await database_sync_to_async(lifecycle.record_stopped)(job.id)
+            return
+        outcome = outcome_of(answer)
+        if "traceback" in answer:
+            logger.error("Job %s crashed in the local lane:\n%s", job.id, answer["traceback"])
+        duration = int((timezone.now() - job.created_at).total_seconds() * 1000)
+        response = results.outcome_response(job.call_id, outcome, duration)
+        if deliver is not None and await deliver(job, outcome, response):
+            return
+        await database_sync_to_async(settle_for_session)(job, outcome, response)
+    except Exception:
+        # The row stays running; the reaper fails it WORKER_LOST, and its agent hears.
+        logger.exception("Local run of job %s failed", job.id)
+
+
+def settle_for_session(job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]) -> None:
+    """Settle a run no connection here answers: the session's connection hears of it."""
+    if lifecycle.settle(job.id, outcome, work_stopped=True):
+        notes.notify(str(job.session_id), notes.job_settled(job.call_id, response))
+    else:
+        lifecycle.record_stopped(job.id)
+
+
+def outcome_of(answer: dict[str, Any]) -> lifecycle.Outcome:
+    """The outcome a run's answer stands for."""
+    if "data" in answer:
+        return lifecycle.Outcome.succeeded(answer["data"])
+    if answer.get("timeout"):
+        return lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "local lane time limit")
+    if answer.get("lost"):
+        return lifecycle.Outcome.failed(
+            WireError(
+                code=ErrorCode.WORKER_LOST,
+                message="The process running this call stopped unexpectedly; it can be retried.",
+                retryable=True,
+            )
+        )
+    error = answer["error"]
+    return lifecycle.Outcome.failed(
+        WireError(
+            code=error["code"],
+            message=error["message"],
+            details=error.get("details"),
+            retryable=bool(error.get("retryable")),
+        ),
+        traceback=answer.get("traceback", ""),
+    )
+
+
+def _failure(info: Any) -> dict[str, Any]:
+    """A run the pool could not finish: past its time limit, or its process died."""
+    wrapped = getattr(info, "exception", info)
+    error = getattr(wrapped, "exc", wrapped)
+    if isinstance(error, TimeLimitExceeded):
+        return {"timeout": True}
+    if not isinstance(error, WorkerLostError):
+        logger.error("The local lane could not run a job: %r", error)
+    return {"lost": True}
+
+
+def _resolve(future: asyncio.Future[dict[str, Any] | None], answer: dict[str, Any] | None) -> None:
+    if not future.done():
+        future.set_result(answer)

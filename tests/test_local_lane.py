@@ -1,0 +1,248 @@
+"""The local lane (capabilities/calls/local_lane.py) on the real stack, and its parts.
+
+The stack's Daphne runs small Markdown calls in its lane, as the product does. A
+second Daphne beside it (`lane_web`) also takes the test capabilities into its lane,
+so that runs long enough to cancel, time out, exhaust memory or outlive their
+Daphne can be made.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # not in the stubs
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from django.conf import settings
+
+from capabilities.calls import local_lane
+from capabilities.models import CancelSource, Job, JobStatus
+from capabilities.protocol import ErrorCode
+from capabilities.work import local_run
+from tests.support.agent import Agent
+from tests.support.stack import ManagedProcess, Stack, free_port, port_open
+from tests.support.waiting import eventually, seconds_between
+
+SMALL = {"markdown": "# Title\n\nSome *text*."}
+LANE_ENV = {
+    "ABP_LOCAL_LANE_CAPABILITIES": "convert.markdownToHtml,test.sleep,test.allocate",
+    "ABP_LOCAL_LANE_MEMORY_LIMIT_MB": "512",
+}
+
+
+def job_of(agent: Agent, call_id: str) -> Job:
+    return Job.objects.get(session_id=agent.session_id, call_id=call_id)
+
+
+def call_until_local(agent: Agent, capability: str, params: dict[str, Any]) -> Job:
+    """Make calls until one runs in the lane (it starts with the first connection)."""
+    deadline = time.monotonic() + 20
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        call_id = f"warm-{n}"
+        result = agent.result_of(agent.call(capability, params, call_id=call_id))
+        assert result["payload"]["success"] is True, result
+        job = job_of(agent, call_id)
+        if job.queue == local_lane.LOCAL_QUEUE:
+            return job
+        time.sleep(0.1)
+    raise AssertionError("no call ran in the local lane")
+
+
+@pytest.fixture(scope="module")
+def lane_web(stack: Stack) -> Iterator[ManagedProcess]:
+    """A Daphne beside the stack's whose lane also takes the test capabilities."""
+    port = free_port()
+    web = stack.new_web(port, name="daphne-lane", env=LANE_ENV)
+    web.start(lambda: port_open(port))
+    web.port = port  # type: ignore[attr-defined]
+    try:
+        yield web
+    finally:
+        web.stop()
+
+
+@pytest.fixture
+def lane_agent(lane_web: ManagedProcess) -> Iterator[Agent]:
+    with Agent(f"ws://127.0.0.1:{lane_web.port}/abp/ws") as agent:  # type: ignore[attr-defined]
+        agent.initialize()
+        call_until_local(agent, "test.sleep", {"steps": 0})
+        yield agent
+
+
+# -- the product's lane: small Markdown calls ------------------------------------------
+
+
+def test_a_small_markdown_call_runs_in_the_lane_settled_and_claimed_at_once(
+    agent: Agent,
+) -> None:
+    job = call_until_local(agent, "convert.markdownToHtml", SMALL)
+    assert job.worker.startswith("local@")
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.result == {"html": "<h1>Title</h1>\n<p>Some <em>text</em>.</p>"}
+    for stamp in (job.dispatched_at, job.started_at, job.stopped_at, job.delivered_at):
+        assert stamp is not None
+    # Written running: the row was there before the work, and it started as written.
+    assert job.started_at == job.created_at
+    assert len(agent.results_for_call(job.call_id)) == 1
+
+
+def test_a_large_markdown_call_goes_through_celery(agent: Agent) -> None:
+    call_until_local(agent, "convert.markdownToHtml", SMALL)
+    large = {"markdown": "word " * 20_000}  # over LOCAL_LANE_MAX_PARAMS_BYTES
+    result = agent.result_of(agent.call("convert.markdownToHtml", large, call_id="large"))
+    assert result["payload"]["success"] is True
+    job = job_of(agent, "large")
+    assert job.queue != local_lane.LOCAL_QUEUE
+    assert not job.worker.startswith("local@")
+
+
+# -- cancels, limits and failures, in the second Daphne's lane --------------------------
+
+
+def test_a_cancel_kills_the_local_run_and_the_lane_goes_on(lane_agent: Agent) -> None:
+    # Blocked in C (time.sleep): only killing its process stops it.
+    params = {"mode": "block", "steps": 1, "stepMs": 60_000}
+    call = lane_agent.call("test.sleep", params, call_id="doomed")
+    eventually(Job.objects.filter(session_id=lane_agent.session_id, call_id="doomed").exists)
+    time.sleep(0.2)
+    cancel = lane_agent.cancel("doomed")
+    assert lane_agent.reply_to(cancel, "capabilities/cancel-result")["payload"]["cancelled"]
+    assert lane_agent.result_of(call)["payload"]["error"]["code"] == ErrorCode.CANCELLED
+    job = eventually(
+        lambda: Job.objects.filter(
+            pk=job_of(lane_agent, "doomed").pk, stopped_at__isnull=False
+        ).first()
+    )
+    assert job.status == JobStatus.CANCELLED
+    assert job.cancel_source == CancelSource.AGENT
+    # Killed, not left to the lane's time limit (1.5 s in the tests).
+    assert seconds_between(job.settled_at, job.stopped_at) < 1.0
+    again = lane_agent.call("test.sleep", {"steps": 0, "echo": 1}, call_id="after")
+    assert lane_agent.result_of(again)["payload"]["data"]["echo"] == 1
+    assert job_of(lane_agent, "after").queue == local_lane.LOCAL_QUEUE
+
+
+def test_a_run_past_the_lanes_time_limit_is_killed_and_answered_timeout(
+    lane_agent: Agent,
+) -> None:
+    params = {"mode": "block", "steps": 1, "stepMs": 30_000}
+    call = lane_agent.call("test.sleep", params, call_id="slow", timeout_ms=60_000)
+    payload = lane_agent.result_of(call)["payload"]
+    assert payload["error"]["code"] == ErrorCode.TIMEOUT
+    job = job_of(lane_agent, "slow")
+    assert job.status == JobStatus.CANCELLED
+    assert job.cancel_source == CancelSource.TIMEOUT
+    assert job.cancel_reason == "local lane time limit"
+    assert job.stopped_at is not None
+
+
+def test_a_session_timeout_stops_the_local_run(lane_agent: Agent) -> None:
+    params = {"mode": "block", "steps": 1, "stepMs": 30_000}
+    call = lane_agent.call("test.sleep", params, call_id="short", timeout_ms=300)
+    assert lane_agent.result_of(call)["payload"]["error"]["code"] == ErrorCode.TIMEOUT
+    job = eventually(
+        lambda: Job.objects.filter(
+            pk=job_of(lane_agent, "short").pk, stopped_at__isnull=False
+        ).first()
+    )
+    assert job.cancel_reason == "options.timeout"
+
+
+def test_a_run_out_of_memory_fails_alone(lane_agent: Agent) -> None:
+    call = lane_agent.call("test.allocate", {"mb": 1024}, call_id="greedy")
+    payload = lane_agent.result_of(call)["payload"]
+    assert payload["error"]["code"] == ErrorCode.OPERATION_FAILED
+    assert "memory" in payload["error"]["message"]
+    again = lane_agent.call("test.sleep", {"steps": 0, "echo": 2})
+    assert lane_agent.result_of(again)["payload"]["data"]["echo"] == 2
+
+
+def test_a_crash_is_answered_and_its_traceback_kept(lane_agent: Agent) -> None:
+    call = lane_agent.call("test.sleep", {"mode": "crash", "steps": 0}, call_id="crash")
+    assert lane_agent.result_of(call)["payload"]["error"]["code"] == ErrorCode.OPERATION_FAILED
+    assert "asked to crash" in job_of(lane_agent, "crash").error_traceback
+
+
+def test_a_daphne_that_dies_mid_run_leaves_an_answer_for_a_resume(stack: Stack) -> None:
+    port = free_port()
+    web = stack.new_web(port, name="daphne-lane-doomed", env=LANE_ENV)
+    web.start(lambda: port_open(port))
+    try:
+        with Agent(f"ws://127.0.0.1:{port}/abp/ws") as agent:
+            agent.initialize()
+            call_until_local(agent, "test.sleep", {"steps": 0})
+            params = {"mode": "block", "steps": 1, "stepMs": 1_000}
+            agent.call("test.sleep", params, call_id="orphan")
+            eventually(Job.objects.filter(session_id=agent.session_id, call_id="orphan").exists)
+            web.kill()
+            # The reaper fails it once its heartbeat (its start) is stale: 3 s here.
+            job = eventually(
+                lambda: Job.objects.filter(
+                    session_id=agent.session_id, call_id="orphan", status=JobStatus.FAILED
+                ).first(),
+                timeout=15,
+            )
+    finally:
+        web.stop()
+    assert job.error_code == ErrorCode.WORKER_LOST
+    assert job.error_retryable is True
+
+
+# -- the parts -------------------------------------------------------------------------
+
+
+def test_a_run_answers_data_or_a_coded_error() -> None:
+    local_run.prepare(0, ["convert.markdownToHtml"])
+    assert local_run.run("convert.markdownToHtml", SMALL)["data"]["html"].startswith("<h1>")
+    refused = local_run.run("convert.markdownToHtml", {"markdown": "- " * 3000 + "x"})
+    assert refused["error"]["code"] == ErrorCode.INVALID_PARAMS
+    assert local_run.run("no.such", {})["error"]["code"] == ErrorCode.UNKNOWN_CAPABILITY
+    crashed = local_run.run("test.sleep", {"mode": "crash", "steps": 0})
+    assert crashed["error"]["code"] == ErrorCode.OPERATION_FAILED
+    assert "asked to crash" in crashed["traceback"]
+    with pytest.raises(Exception, match="cannot run in the local lane"):
+        local_run.NoJob().save_file(b"", mime_type="x/y", filename="f")
+
+
+def test_answers_become_outcomes() -> None:
+    assert local_lane.outcome_of({"data": {"a": 1}}).status == JobStatus.SUCCEEDED
+    timeout = local_lane.outcome_of({"timeout": True})
+    assert timeout.cancel_source == CancelSource.TIMEOUT
+    assert timeout.error is not None
+    assert timeout.error.code == ErrorCode.TIMEOUT
+    lost = local_lane.outcome_of({"lost": True})
+    assert lost.error is not None
+    assert (lost.error.code, lost.error.retryable) == (ErrorCode.WORKER_LOST, True)
+    failed = local_lane.outcome_of(
+        {"error": {"code": "INVALID_PARAMS", "message": "no", "details": None}, "traceback": "t"}
+    )
+    assert (failed.status, failed.traceback) == (JobStatus.FAILED, "t")
+
+
+def test_pool_failures_are_a_timeout_or_a_lost_process() -> None:
+    def wrapped(error: BaseException) -> Any:
+        class Info:
+            exception = ExceptionWithTraceback(error, None)
+
+        return Info()
+
+    assert local_lane._failure(wrapped(TimeLimitExceeded(1.5))) == {"timeout": True}
+    assert local_lane._failure(wrapped(WorkerLostError("gone"))) == {"lost": True}
+
+
+def test_the_lane_takes_only_its_capabilities_small_params_and_while_it_has_room() -> None:
+    lane = local_lane.LocalLane()
+    assert not lane.takes("convert.markdownToHtml", SMALL)  # not started
+    lane._pool = object()  # type: ignore[assignment]
+    assert lane.takes("convert.markdownToHtml", SMALL)
+    assert not lane.takes("export.pdf", {"html": "x"})
+    big = {"markdown": "x" * (settings.ABP["LOCAL_LANE_MAX_PARAMS_BYTES"] + 1)}
+    assert not lane.takes("convert.markdownToHtml", big)
+    lane._runs["busy"] = object()  # type: ignore[assignment]
+    assert not lane.takes("convert.markdownToHtml", SMALL)
+    assert os.getpid() == int(lane.name.rsplit(":", 1)[1])
