@@ -22,6 +22,7 @@ from django.test import override_settings
 from capabilities.calls import cancellation
 from capabilities.jobs import abort_flags, dispatch, lifecycle, notes, queue
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
+from capabilities.work.context import JobAborted
 from capabilities.work.markdown import runner as markdown_html
 from capabilities.worker import executor
 from capabilities.worker.interrupter import Interrupter
@@ -242,6 +243,30 @@ def test_a_conversion_ended_halfway_leaves_nothing_for_the_next(
     monkeypatch.setattr(markdown.Markdown, "convert", original)
     text = DOCUMENTS[-1]
     assert markdown_html.to_html(text, sanitize=False) == fresh(text)
+
+
+def test_a_document_nested_too_deeply_leaves_the_next_converted_as_fresh() -> None:
+    # Python-Markdown's own state after a real RecursionError: reset() does not undo it
+    # (raw HTML came out escaped for every later document).
+    with pytest.raises(Exception, match="nested too deeply"):
+        markdown_html.to_html("- " * 3000 + "x")
+    text = '<img src="x.png" alt="X">\n\n*after*'
+    assert markdown_html.to_html(text, sanitize=False) == fresh(text)
+
+
+def test_a_cancel_raised_into_a_conversion_drops_the_converter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = markdown_html._converter()
+
+    def aborted(self: markdown.Markdown, source: str) -> str:
+        raise JobAborted
+
+    monkeypatch.setattr(markdown.Markdown, "convert", aborted)
+    with pytest.raises(JobAborted):
+        markdown_html.to_html("# x")
+    monkeypatch.undo()
+    assert markdown_html._converter() is not before
 
 
 def test_each_thread_has_its_own_converter() -> None:

@@ -74,17 +74,22 @@ def to_html(text: str, *, sanitize: bool = True) -> str:
     try:
         html: str = _converter().reset().convert(text)
     except RecursionError:
+        _local.converter = None
         # Python-Markdown recurses once per nesting level (lists, quotes, HTML blocks).
         raise _invalid("The Markdown is nested too deeply to convert.") from None
+    except BaseException:
+        _local.converter = None
+        raise
     return sanitize_html(html) if sanitize else html
 
 
 def _converter() -> markdown.Markdown:
     """This thread's Markdown instance, made once: building one loads every extension.
 
-    Reset before each use, not after, so a conversion that ended halfway (a cancel
-    raised into it, a RecursionError) leaves nothing behind for the next. One per
-    thread: an instance holds the state of the document it converts.
+    Reset before each use. A conversion that ended halfway (a RecursionError, a
+    cancel raised into it) drops the instance instead: `reset` does not undo what
+    it left (raw HTML came out escaped for every later document). One per thread:
+    an instance holds the state of the document it converts.
     """
     converter: markdown.Markdown | None = getattr(_local, "converter", None)
     if converter is None:
