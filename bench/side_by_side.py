@@ -35,12 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support import environment
 
-# As capabilities_speed.py: the image goes inline, as base64, in one 7.8 MB frame.
-STACK = environment.prepare(
-    "abp-bench-sbs-",
-    ABP_INLINE_RESULT_MAX_BYTES=str(64 * 1024 * 1024),
-    ABP_MAX_FRAME_BYTES=str(32 * 1024 * 1024),
-)
+# Results come back inline (no download URL), as the in-process recipes return bytes.
+STACK = environment.prepare("abp-bench-sbs-", ABP_INLINE_RESULT_MAX_BYTES=str(64 * 1024 * 1024))
 
 import psutil  # type: ignore[import-untyped]  # noqa: E402
 
@@ -138,6 +134,7 @@ def cancel_rounds(agent: Agent, rounds: int, rng: random.Random) -> dict[str, li
         time.sleep(rng.uniform(0, 0.05))
         times["running"].append(cancel_ms(agent, call, call_id))
         call_id = f"behind-{i}"
+        time.sleep(0.02)  # as before the idle frame: the cancelled call's worker has stopped
         times["behind"].append(
             cancel_ms(agent, agent.call("test.sleep", SLEEP, call_id=call_id), call_id)
         )

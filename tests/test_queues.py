@@ -43,7 +43,9 @@ def test_a_small_call_is_answered_while_every_heavy_worker_is_busy(
     for n in range(2):
         wait_running(agent, f"heavy-{n}")
 
-    small = agent.call("convert.markdownToHtml", {"markdown": "# Hi"}, call_id="small")
+    # Larger than the local lane takes: the small queue's worker runs it.
+    document = {"markdown": "# Hi\n\n" + "word " * 20_000}
+    small = agent.call("convert.markdownToHtml", document, call_id="small")
     result = agent.result_of(small)
 
     assert result["payload"]["success"] is True

@@ -185,8 +185,8 @@ def spawn(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
 
 async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
     try:
-        left = (job.deadline - timezone.now()).total_seconds() if job.deadline else 0.0
-        seconds = min(float(settings.ABP["LOCAL_LANE_TIME_LIMIT_SECONDS"]), left)
+        # The lane's own cap; the call's deadline cancels it as any call's does.
+        seconds = float(settings.ABP["LOCAL_LANE_TIME_LIMIT_SECONDS"])
         answer = await _lane.run(str(job.id), job.capability, params, seconds)
         if answer is None:  # stopped: whoever stopped it settled it first
             await database_sync_to_async(lifecycle.record_stopped)(job.id)
