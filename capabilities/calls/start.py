@@ -8,6 +8,7 @@ has queued. Nothing is stored or queued before every check has passed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -71,12 +72,15 @@ def max_timeout_ms(principal: Principal, capability: str) -> int:
 async def start(principal: Principal, call: CallRequest) -> Job:
     """Check the call and create its job (queued once committed); CallRefused if not."""
     spec = _spec(call.capability)
-    error = (
-        budgets.call_refusal(principal, call.capability, call.params)
-        or await over_rate_limit(principal)
-        or spec.validate(call.params)
-        or uploads.refusal(call.session_id, call.capability, call.params)
+    error = budgets.call_refusal(principal, call.capability, call.params)
+    if error is not None:
+        raise CallRefused(error)
+    # The schema is checked while the rate limiter's answer travels; it still wins.
+    limited = asyncio.ensure_future(over_rate_limit(principal))
+    invalid = spec.validate(call.params) or uploads.refusal(
+        call.session_id, call.capability, call.params
     )
+    error = await limited or invalid
     if error is not None:
         raise CallRefused(error)
     timeouts = spec.timeouts()

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from typing import Any, ClassVar
 
 from autobahn.exception import Disconnected
@@ -59,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 # Frames that may overtake a call being started: they are what must not wait.
 _OVERTAKING = (CancelRequest, CancelPendingRequest)
+# Django closes stale database connections before each request; a connection checks at
+# most this often (the database thread is the process's, shared by every connection).
+CONNECTION_CHECK_SECONDS = 1.0
 
 
 def _base_url_of(scope: dict[str, Any]) -> str:
@@ -103,6 +107,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.serial = asyncio.Lock()
         self.background = Background()
         self.starts = CallStarts()
+        self.connections_checked_at = 0.0
         self.timers = Timers(self.background, self.on_timer)
         self.closed = False  # the socket, as far as this process knows
         self.group: str | None = None
@@ -138,7 +143,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         Channels makes that hop to the process's one database thread before every
         message: a cancel would queue there behind the insert of the call before it,
         and every note would pay for it. Frames other than cancels close them in
-        `receive`; connecting and disconnecting still do here.
+        `receive` (at most once a second); connecting and disconnecting still do here.
         """
         if message["type"] in ("websocket.connect", "websocket.disconnect"):
             await super().dispatch(message)
@@ -159,8 +164,15 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         if not isinstance(message, _OVERTAKING):
             await self.starts.settled()
-            await aclose_old_connections()
+            await self.close_stale_connections()
         await self.receive_message(message)
+
+    async def close_stale_connections(self) -> None:
+        """Django's per-request clean-up of database connections, at most once a second."""
+        now = time.monotonic()
+        if now - self.connections_checked_at >= CONNECTION_CHECK_SECONDS:
+            self.connections_checked_at = now
+            await aclose_old_connections()
 
     async def receive_message(self, message: Message | ProtocolError) -> None:
         async with self.serial:
