@@ -458,17 +458,23 @@ async def send_call(agent: Agent, call_id: str) -> str:
     )
 
 
+async def call_then_cancel(key: str, held: HeldStart) -> tuple[Agent, str, str, str]:
+    """A connected agent's call "c-1", held in its start, then its cancel: the ids."""
+    agent = Agent(key)
+    await agent.connect()
+    session_id = (await agent.initialize())["payload"]["sessionId"]
+    call_message = await send_call(agent, "c-1")
+    await held.wait_reached()
+    cancel_message = await agent.send("capabilities/cancel", {"callId": "c-1"})
+    return agent, session_id, call_message, cancel_message
+
+
 def test_a_cancel_is_answered_while_its_calls_job_is_still_being_written(key: str) -> None:
     held = HeldStart(before_row=True)
 
     async def scenario() -> None:
         with Seams() as seams, mock.patch("capabilities.calls.budgets.create_job", held):
-            agent = Agent(key)
-            await agent.connect()
-            session_id = (await agent.initialize())["payload"]["sessionId"]
-            call_message = await send_call(agent, "c-1")
-            await held.wait_reached()
-            cancel_message = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            agent, session_id, call_message, cancel_message = await call_then_cancel(key, held)
             # Both answers, with the database thread still held.
             cancel_reply = await agent.reply_to(cancel_message)
             assert cancel_reply["payload"] == {"callId": "c-1", "cancelled": True}
@@ -499,12 +505,7 @@ def test_a_cancel_that_comes_once_the_row_is_written_waits_for_it_then_settles_i
 
     async def scenario() -> None:
         with Seams() as seams, mock.patch("capabilities.calls.budgets.create_job", held):
-            agent = Agent(key)
-            await agent.connect()
-            session_id = (await agent.initialize())["payload"]["sessionId"]
-            call_message = await send_call(agent, "c-1")
-            await held.wait_reached()
-            cancel_message = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            agent, session_id, call_message, cancel_message = await call_then_cancel(key, held)
             await agent.nothing_more()
             held.release.set()
             cancel_reply = await agent.reply_to(cancel_message)

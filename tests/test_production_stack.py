@@ -302,6 +302,10 @@ def test_a_call_and_a_cancel_through_the_production_stack(production: Production
         result = agent.result_of(call, timeout=30)["payload"]
         assert result["success"] is True
         assert result["data"]["html"].startswith("<h1>Hello <em>prod</em></h1>")
+        # Too large for the local lane: the small queue's worker runs it.
+        large = {"markdown": "# Large\n\n" + "word " * 20_000}
+        large_call = agent.call("convert.markdownToHtml", large, call_id="prod-md-large")
+        assert agent.result_of(large_call, timeout=30)["payload"]["success"] is True
 
         export = agent.call("export.pdf", {"html": PAGES}, call_id="prod-pdf")
         production.wait_job("prod-pdf", status="running")
@@ -313,7 +317,9 @@ def test_a_call_and_a_cancel_through_the_production_stack(production: Production
         assert len(agent.results_for_call("prod-pdf")) == 1
 
     done = production.wait_job("prod-md", status="succeeded")
-    assert done["worker"].startswith("small@prod:")
+    assert done["worker"].startswith("local@")  # the web process's local lane
+    large_done = production.wait_job("prod-md-large", status="succeeded")
+    assert large_done["worker"].startswith("small@prod:")
     stopped = production.wait_job("prod-pdf", status="cancelled", stopped=True)
     assert stopped["cancel_source"] == "agent"
     assert stopped["worker"].startswith("heavy@prod:")

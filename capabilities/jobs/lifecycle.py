@@ -123,8 +123,8 @@ def create_job(
             setattr(job, field, value)
         job.stopped_at = job.delivered_at = now
     if run_by is not None:
-        job.status, job.worker = JobStatus.RUNNING, run_by[:200]
-        job.started_at = job.heartbeat_at = now
+        for field, value in running_values(run_by, now).items():
+            setattr(job, field, value)
     try:
         # One autocommitted INSERT (no BEGIN/COMMIT round of its own); on_commit
         # then sends it at once, or when the caller's own transaction commits.
@@ -207,18 +207,20 @@ def outcome_values(outcome: Outcome, now: datetime) -> dict[str, Any]:
     }
 
 
+def running_values(worker: str, now: datetime) -> dict[str, Any]:
+    """The row's fields that record its start by `worker` at `now`."""
+    return {
+        "status": JobStatus.RUNNING,
+        "started_at": now,
+        "heartbeat_at": now,
+        "worker": worker[:200],
+    }
+
+
 def mark_running(job_id: str, worker: str) -> bool:
     """Queued -> running; False if the job was settled or is already running elsewhere."""
-    now = timezone.now()
     return row_updates.update_if(
-        job_id,
-        (JobStatus.QUEUED,),
-        {
-            "status": JobStatus.RUNNING,
-            "started_at": now,
-            "heartbeat_at": now,
-            "worker": worker[:200],
-        },
+        job_id, (JobStatus.QUEUED,), running_values(worker, timezone.now())
     )
 
 
@@ -228,17 +230,8 @@ def start(job_id: str, worker: str, fields: tuple[str, ...]) -> Job | None:
     None if the job was settled (a cancel settles before it raises the abort flag,
     so a cancelled job is refused here) or is already running elsewhere.
     """
-    now = timezone.now()
     return row_updates.update_returning(
-        job_id,
-        (JobStatus.QUEUED,),
-        {
-            "status": JobStatus.RUNNING,
-            "started_at": now,
-            "heartbeat_at": now,
-            "worker": worker[:200],
-        },
-        fields,
+        job_id, (JobStatus.QUEUED,), running_values(worker, timezone.now()), fields
     )
 
 
