@@ -417,6 +417,15 @@ class Fleet:
         self.sessions: list[AgentSession] = []
         self.last_frame = time.perf_counter()
 
+    def calls_to_cancel(self) -> set[str]:
+        """The calls sent so far that their session will cancel."""
+        return {
+            call.call_id
+            for session in self.sessions
+            for call in session.calls.values()
+            if call.cancel_after is not None
+        }
+
     def alive_url(self, n: int) -> str:
         """The n-th (round robin) Daphne still up."""
         alive = [url for url in self.urls if url not in self.dead]
@@ -532,13 +541,13 @@ def plan_calls(rng: random.Random, options: Options) -> list[list[Planned]]:
     return [sorted(plan, key=lambda p: p.at) for plan in plans]
 
 
-def running_on(topology: Topology, worker: str) -> list[str]:
-    """Ids of the jobs running on a worker node right now."""
+def running_on(topology: Topology, worker: str, *, not_calls: set[str] | None = None) -> list[str]:
+    """Ids of the jobs running on a worker node right now, but those of `not_calls`."""
     rows = topology.database.query(
-        "SELECT id FROM capabilities_job WHERE status = 'running' AND worker LIKE %s",
+        "SELECT id, call_id FROM capabilities_job WHERE status = 'running' AND worker LIKE %s",
         (f"{worker}:%",),
     )
-    return [str(row[0]) for row in rows]
+    return [str(job_id) for job_id, call_id in rows if call_id not in (not_calls or set())]
 
 
 async def warm_up(fleet: Fleet) -> None:
@@ -577,7 +586,7 @@ async def run_scenario(topology: Topology, key: str, options: Options) -> Outcom
     outcome.web_killed_at = time.perf_counter()
 
     await asyncio.sleep(max(0.0, start + options.kill_worker_at - time.perf_counter()))
-    await kill_worker_node(topology, options, outcome)
+    await kill_worker_node(topology, fleet, options, outcome)
 
     try:
         await asyncio.wait_for(asyncio.gather(*drivers), options.window + options.stall_timeout)
@@ -614,11 +623,19 @@ async def open_idle(topology: Topology, fleet: Fleet, options: Options) -> Outco
     return Outcome(options, fleet, memory, open_seconds=open_seconds)
 
 
-async def kill_worker_node(topology: Topology, options: Options, outcome: Outcome) -> None:
-    """SIGKILL the victim node's main process (by PID) once a job runs on it."""
+async def kill_worker_node(
+    topology: Topology, fleet: Fleet, options: Options, outcome: Outcome
+) -> None:
+    """SIGKILL the victim node's main process (by PID) once a job runs on it.
+
+    One its agent will not cancel: a job cancelled before the reaper finds it lost is
+    answered cancelled, and the kill must be answered WORKER_LOST at least once.
+    """
     node = topology.workers[options.victim_worker]
     deadline = time.perf_counter() + 15
-    while not await asyncio.to_thread(running_on, topology, options.victim_worker):
+    while not await asyncio.to_thread(
+        running_on, topology, options.victim_worker, not_calls=fleet.calls_to_cancel()
+    ):
         if time.perf_counter() > deadline:
             outcome.problems.append(f"no job ran on {options.victim_worker} to kill it under")
             break
