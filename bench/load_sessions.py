@@ -45,6 +45,7 @@ from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 from bench import stats  # noqa: E402
+from tests.support.agent import envelope  # noqa: E402
 
 Envelope = dict[str, Any]
 
@@ -53,18 +54,6 @@ STEP_MS = 50
 # and a SYN dropped past it is retried after a second: that would time the kernel.
 CONNECT_GATE = 50
 IDLE_SECONDS = 10.0
-
-
-def envelope(message_type: str, message_id: str, payload: dict[str, Any]) -> str:
-    """One ABP envelope as a text frame."""
-    return json.dumps(
-        {
-            "type": message_type,
-            "id": message_id,
-            "timestamp": int(time.time() * 1000),
-            "payload": payload,
-        }
-    )
 
 
 INITIALIZE = {

@@ -19,6 +19,18 @@ Envelope = dict[str, Any]
 DEFAULT_KEY = "<the suite's key>"
 
 
+def envelope(message_type: str, message_id: str, payload: dict[str, Any]) -> str:
+    """One ABP envelope as a text frame."""
+    return json.dumps(
+        {
+            "type": message_type,
+            "id": message_id,
+            "timestamp": int(time.time() * 1000),
+            "payload": payload,
+        }
+    )
+
+
 class Agent:
     """Sends envelopes, keeps every message received, waits for the ones asked for."""
 
@@ -56,13 +68,7 @@ class Agent:
     ) -> str:
         """Send one envelope; returns its id."""
         message_id = message_id or self.next_id()
-        envelope = {
-            "type": message_type,
-            "id": message_id,
-            "timestamp": int(time.time() * 1000),
-            "payload": payload,
-        }
-        self.ws.send(json.dumps(envelope))
+        self.ws.send(envelope(message_type, message_id, payload))
         return message_id
 
     def send_raw(self, text: str | bytes) -> None:

@@ -36,6 +36,7 @@ import psutil  # type: ignore[import-untyped]
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from tests.support.agent import envelope
 from tests.support.topology import Topology
 
 Envelope = dict[str, Any]
@@ -79,18 +80,6 @@ SETTINGS = {
 # Handshakes in progress at once (Daphne's listen backlog is 50).
 CONNECT_GATE = 50
 CALL_ID_PATH = "payload.options.callId"
-
-
-def envelope(message_type: str, message_id: str, payload: dict[str, Any]) -> str:
-    """One ABP envelope as a text frame."""
-    return json.dumps(
-        {
-            "type": message_type,
-            "id": message_id,
-            "timestamp": int(time.time() * 1000),
-            "payload": payload,
-        }
-    )
 
 
 def is_reuse_refusal(answer: Envelope) -> bool:
