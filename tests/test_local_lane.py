@@ -18,7 +18,7 @@ from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined] 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from django.conf import settings
 
-from capabilities.calls import local_lane
+from capabilities.calls import cancellation, local_lane
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
 from capabilities.work import local_run
@@ -246,3 +246,16 @@ def test_the_lane_takes_only_its_capabilities_small_params_and_while_it_has_room
     lane._runs["busy"] = object()  # type: ignore[assignment]
     assert not lane.takes("convert.markdownToHtml", SMALL)
     assert os.getpid() == int(lane.name.rsplit(":", 1)[1])
+
+
+def test_a_cancel_from_another_process_kills_the_local_run(lane_agent: Agent) -> None:
+    # The operator's cancel, as the admin makes it: here, in the test process, not in
+    # the Daphne running the call. Only the abort flag reaches the lane.
+    params = {"mode": "block", "steps": 1, "stepMs": 60_000}
+    call = lane_agent.call("test.sleep", params, call_id="operator")
+    job = eventually(Job.objects.filter(session_id=lane_agent.session_id, call_id="operator").first)
+    assert job.queue == local_lane.LOCAL_QUEUE
+    assert cancellation.cancel(job.id, source=CancelSource.OPERATOR)
+    assert lane_agent.result_of(call)["payload"]["error"]["code"] == ErrorCode.CANCELLED
+    stopped = eventually(lambda: Job.objects.filter(pk=job.pk, stopped_at__isnull=False).first())
+    assert seconds_between(stopped.settled_at, stopped.stopped_at) < 1.0

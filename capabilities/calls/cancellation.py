@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Awaitable
 from datetime import datetime
 
-from capabilities.calls import local_lane
 from capabilities.jobs import abort_flags, dispatch, notes, queue
 from capabilities.jobs.lifecycle import Outcome, record_stopped, settle
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job
@@ -39,12 +38,7 @@ def settle_cancelled(
 
 
 def stop_work(job_id: str) -> None:
-    """Step two, after a won settle: raise the abort flag, then revoke the task.
-
-    A run in this process's local lane is killed instead.
-    """
-    if local_lane.lane().stop(job_id):
-        return
+    """Step two, after a won settle: raise the abort flag, then revoke the task."""
     abort_flags.raise_flag(job_id)
     queue.revoke(job_id)
 
@@ -53,11 +47,8 @@ async def stop_work_async(job_id: str) -> Awaitable[None]:
     """`stop_work` from an event loop: the flag now; the revoke, off the loop, returned.
 
     The flag is what stops the work, so it goes up before the caller moves on; the
-    revoke only keeps a queued task from being picked up, and may finish later. A run
-    in this process's local lane is killed instead.
+    revoke only keeps a queued task from being picked up, and may finish later.
     """
-    if local_lane.lane().stop(job_id):
-        return asyncio.sleep(0)
     try:
         await abort_flags.raise_flag_async(job_id)
     except Exception:
@@ -75,9 +66,6 @@ def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -
     job_id = str(job_id)
     if not settle_cancelled([job_id], source, reason)[job_id]:
         return False
-    if local_lane.lane().stop(job_id):
-        tell_session(job_id)
-        return True
     abort_flags.raise_flag(job_id)
     tell_session(job_id)
     queue.revoke(job_id)

@@ -15,8 +15,8 @@ process is free and their agent is within its share, skip Celery:
   connection answers at once; otherwise the result goes to the session's group, as
   a worker's does.
 
-A cancel settles first, as always, then stops the work: here, by killing the
-process running it (the pool starts another). If Daphne itself dies, the run's
+A cancel settles first, as always, then raises the job's abort flag: the lane hears
+it and kills the process running the job (the pool starts another). If Daphne itself dies, the run's
 heartbeat is as old as its start, and the reaper fails it WORKER_LOST once that is
 WORKER_LOST_AFTER_SECONDS old.
 """
@@ -35,13 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import billiard
+import redis
+import redis.asyncio
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from billiard.pool import Pool
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from capabilities.jobs import lifecycle, notes, results
+from capabilities.jobs import abort_flags, lifecycle, notes, results
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import local_run
@@ -137,6 +139,10 @@ class LocalLane:
         )
         return run.future
 
+    def running(self) -> list[str]:
+        """The jobs running in this lane."""
+        return list(self._runs)
+
     def stop(self, job_id: str) -> bool:
         """Stop the job's run if it is in this lane (from any thread); False if not."""
         run = self._runs.get(job_id)
@@ -164,13 +170,45 @@ def lane() -> LocalLane:
 
 
 _starting: asyncio.Future[None] | None = None
+_watching: asyncio.Task[None] | None = None
 
 
 def start_soon() -> None:
-    """Start the lane off the event loop, once (from it); calls go through Celery meanwhile."""
-    global _starting  # noqa: PLW0603 - one lane per process
+    """Start the lane off the event loop, once (from it); calls go through Celery meanwhile.
+
+    With it, its watcher of abort flags.
+    """
+    global _starting, _watching  # noqa: PLW0603 - one lane per process
     if _starting is None and int(settings.ABP["LOCAL_LANE_PROCESSES"]) > 0:
         _starting = asyncio.get_running_loop().run_in_executor(None, _lane.start)
+        _watching = asyncio.create_task(_watch_abort_flags())
+
+
+async def _watch_abort_flags() -> None:
+    """Kill a run here when its job's abort flag goes up, whoever raised it, wherever.
+
+    The same signal the workers' watchers hear (capabilities/worker/interrupter.py):
+    every cancel raises it after its settle won, so an agent's, an operator's in
+    another process and the reaper's timeout all reach the run the same way.
+    """
+    while True:
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(abort_flags.channel())
+            # A flag raised while we were not subscribed was not heard: look at them.
+            for job_id in list(_lane.running()):
+                if await client.exists(abort_flags.abort_key(job_id)):
+                    _lane.stop(job_id)
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    _lane.stop(message["data"].decode())
+        except (redis.RedisError, OSError):
+            logger.warning("The local lane lost Redis; listening again", exc_info=True)
+            await asyncio.sleep(0.5)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await client.aclose()
 
 
 _tasks: set[asyncio.Task[None]] = set()

@@ -356,9 +356,6 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def job_settled(self, event: dict[str, Any]) -> None:
         await self.starts.reported(event["call_id"])
-        call = self.session.in_flight(event["call_id"])
-        if call is not None:  # settled elsewhere (an operator, the reaper): stop it here
-            local_lane.lane().stop(call.job_id)
         async with self.serial:
             await self.perform(self.session.job_settled(event["call_id"], event.get("response")))
 
