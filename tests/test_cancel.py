@@ -20,9 +20,10 @@ def job_of(agent: Agent, call_id: str) -> Job:
 
 
 def stopped_job(agent: Agent, call_id: str) -> Job | None:
-    """The call's job once its work has stopped (or never started)."""
-    job = job_of(agent, call_id)
-    return job if job.stopped_at is not None else None
+    """The call's job once it is written and its work has stopped (or never started)."""
+    return Job.objects.filter(
+        session_id=agent.session_id, call_id=call_id, stopped_at__isnull=False
+    ).first()
 
 
 def types_for(agent: Agent, call_id: str) -> list[str]:
@@ -107,7 +108,8 @@ def test_cancel_queued_call_never_starts_it(stack: Stack, agent: Agent) -> None:
         assert agent.result_of(call)["payload"]["cancelled"] is True
         for n in range(2):
             other.cancel(f"fill-{n}")
-    job = job_of(agent, "queued")
+    # A cancel may be answered before the call's row is written (written cancelled).
+    job = eventually(Job.objects.filter(session_id=agent.session_id, call_id="queued").first)
     assert job.status == JobStatus.CANCELLED
     assert job.started_at is None
     assert job.stopped_at is not None
