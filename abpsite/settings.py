@@ -303,9 +303,10 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6399/0")
 
 CHANNEL_LAYERS = {
     "default": {
-        # The pub/sub layer: no per-channel lists to poll, measured faster here for the
-        # worker -> consumer notes (see bench/channel_layers.py).
-        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        # channels_redis' pub/sub layer: no per-channel lists to poll, measured faster
+        # here for the worker -> consumer notes (see bench/channel_layers.py); each call
+        # retried once across a Redis restart (capabilities/channel_layer.py).
+        "BACKEND": "capabilities.channel_layer.RetryingPubSubChannelLayer",
         "CONFIG": {"hosts": [os.environ.get("CHANNEL_LAYER_REDIS_URL", REDIS_URL)]},
     }
 }

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
 from capabilities.jobs import notes, queue, row_updates, workers
@@ -213,10 +213,21 @@ def redispatch_stale() -> int:
     starting a job is conditional (queued -> running), so a second copy runs once.
     """
     cutoff = timezone.now() - timedelta(seconds=settings.ABP["REDISPATCH_AFTER_SECONDS"])
-    stale = Job.objects.filter(status=JobStatus.QUEUED, dispatched_at__lt=cutoff)
-    count = stale.update(dispatched_at=None)
+    return _hand_back(Job.objects.filter(dispatched_at__lt=cutoff), "were never started")
+
+
+def redispatch_all() -> int:
+    """Hand over again every job handed to Celery and not started yet, at once.
+
+    For a Redis that lost its data: the messages still in its queues are gone, and
+    their jobs would otherwise hold their slots until REDISPATCH_AFTER_SECONDS.
+    Copies a worker had already reserved run once, like any second copy.
+    """
+    return _hand_back(Job.objects.filter(dispatched_at__isnull=False), "may have lost")
+
+
+def _hand_back(handed: QuerySet[Job], why: str) -> int:
+    count = handed.filter(status=JobStatus.QUEUED).update(dispatched_at=None)
     if count:
-        logger.warning(
-            "%d jobs handed to Celery were never started: handing them over again", count
-        )
+        logger.warning("%d jobs handed to Celery %s: handing them over again", count, why)
     return count

@@ -20,7 +20,6 @@ from typing import Any
 from channels.layers import get_channel_layer
 
 from capabilities.models import session_group
-from capabilities.redis_pool import twice
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ def notify_group(group: str, note: Note) -> bool:
     """Send a note to every consumer in a channel-layer group; False if it failed."""
     layer = get_channel_layer()
     try:
-        _loop().run_until_complete(twice(lambda: layer.group_send(group, note)))
+        _loop().run_until_complete(layer.group_send(group, note))
     except Exception:
         logger.warning("Could not send %s to %s", note.get("type"), group, exc_info=True)
         return False

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import redis
 from django.conf import settings
+from redis.commands.core import Script
 
 from capabilities import redis_pool
 
@@ -68,8 +70,12 @@ def _index() -> str:
     return f"{_prefix()}index"
 
 
-def announce(worker: LiveWorker) -> None:
-    """Write (or refresh) a worker's key, with its TTL, in one round trip."""
+def announce(worker: LiveWorker) -> bool:
+    """Write (or refresh) a worker's key, with its TTL, in one round trip.
+
+    True if this Redis held no announcement yet: it lost its data (a restart
+    without persistence), or no worker ever ran on it.
+    """
     pipe = redis_pool.sync_client().pipeline(transaction=False)
     pipe.set(
         f"{_prefix()}{worker.hostname}",
@@ -77,10 +83,30 @@ def announce(worker: LiveWorker) -> None:
         px=int(settings.ABP["WORKER_TTL_SECONDS"] * 1000),
     )
     pipe.sadd(_index(), worker.hostname)
-    # Without a TTL: its absence means this Redis lost its data (a restart without
-    # persistence) and the workers have not announced themselves to it yet.
-    pipe.set(_marker(), b"1")
-    pipe.execute()
+    _mark_script()(keys=[_marker(), _settling()], args=[_ttl_ms()], client=pipe)
+    first = pipe.execute()[-1]
+    return bool(first)
+
+
+# The marker has no TTL: its absence means this Redis lost its data and no worker
+# has announced itself to it since. Whoever sets it also sets `settling`, which
+# lasts one worker TTL: by then every live worker has announced itself again.
+_MARK = """
+if redis.call('SET', KEYS[1], '1', 'NX') then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+@cache
+def _mark_script() -> Script:
+    return redis_pool.sync_client().register_script(_MARK)
+
+
+def _ttl_ms() -> int:
+    return int(float(settings.ABP["WORKER_TTL_SECONDS"]) * 1000)
 
 
 def withdraw(hostname: str) -> None:
@@ -107,10 +133,10 @@ def live_workers(client: redis.Redis | None = None) -> list[LiveWorker]:
 
 
 def registry_lost() -> bool:
-    """Whether the last reading found Redis without any announcement (restarted, empty).
+    """Whether the last reading found Redis lately emptied (restarted without its data).
 
-    Then nobody knows which workers live until they announce themselves again
-    (within WORKER_ANNOUNCE_SECONDS): absence of workers proves nothing.
+    Then nobody knows which workers live until they have all announced themselves
+    again (within WORKER_TTL_SECONDS of the first): absence of workers proves nothing.
     """
     return _registry_lost
 
@@ -133,14 +159,20 @@ def _marker() -> str:
     return f"{_prefix()}announced"
 
 
+def _settling() -> str:
+    return f"{_prefix()}settling"
+
+
 def _read(client: redis.Redis) -> tuple[list[LiveWorker], bool]:
     pipe = client.pipeline(transaction=False)
     pipe.smembers(_index())
     pipe.exists(_marker())
-    members, marked = pipe.execute()
+    pipe.exists(_settling())
+    members, marked, settling = pipe.execute()
+    lost = not marked or bool(settling)
     names = sorted(_text(name) for name in members)
     if not names:
-        return [], not marked
+        return [], lost
     values = client.mget([f"{_prefix()}{name}" for name in names])
     found: list[LiveWorker] = []
     gone: list[str] = []
@@ -151,7 +183,7 @@ def _read(client: redis.Redis) -> tuple[list[LiveWorker], bool]:
         found.append(LiveWorker.from_json(json.loads(value)))
     if gone:
         client.srem(_index(), *gone)
-    return found, False
+    return found, lost
 
 
 def _text(value: bytes | str) -> str:

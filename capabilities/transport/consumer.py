@@ -53,7 +53,6 @@ from capabilities.session.wire import Wire
 from capabilities.transport import availability_watch
 from capabilities.transport.background import Timers
 from capabilities.transport.call_starts import CallStarts
-from capabilities.transport.layer import RetryingLayer
 from capabilities.transport.session_io import SessionIO, record_of
 
 logger = logging.getLogger(__name__)
@@ -103,7 +102,6 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             describe=_describe,
             availability=availability_watch.states,
         )
-        self.layer = RetryingLayer(self.channel_layer)
         self.serial = asyncio.Lock()
         self.background = Background()
         self.starts = CallStarts()
@@ -116,7 +114,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if prefix is not None:
             # Joined before the key is checked: a revoke racing this connect is heard.
             self.key_group = agent_keys.key_group(prefix)
-            await self.layer.group_add(self.key_group, self.channel_name)
+            await self.channel_layer.group_add(self.key_group, self.channel_name)
         subprotocol = credentials.selected_subprotocol(self.scope)
         try:
             principal = await database_sync_to_async(credentials.authenticate)(self.scope)
@@ -180,7 +178,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def disconnect(self, code: int) -> None:
         if self.key_group is not None:
-            await self.layer.group_discard(self.key_group, self.channel_name)
+            await self.channel_layer.group_discard(self.key_group, self.channel_name)
         await self.starts.settled()
         async with self.serial:
             self.closed = True
@@ -188,8 +186,8 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.perform(self.session.disconnected(code))
             held_sessions.release(self.channel_name)
             if self.group is not None:
-                await self.layer.group_discard(self.group, self.channel_name)
-                await self.layer.group_discard(AVAILABILITY_GROUP, self.channel_name)
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+                await self.channel_layer.group_discard(AVAILABILITY_GROUP, self.channel_name)
             # Deliveries given back, revokes: done before the session is let go.
             await self.background.drain()
 
@@ -233,7 +231,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 held_sessions.release(self.channel_name)
             case do.AnnounceTakeover():
                 note = notes.session_superseded(action.generation)
-                await self.layer.group_send(session_group(action.session_id), note)
+                await self.channel_layer.group_send(session_group(action.session_id), note)
             case do.OpenSession():
                 return await self.open_session(action)
             case do.ResumeSession():
@@ -314,12 +312,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         except ValueError:
             return self.session.resume_refused(resumption.invalid().error)
         # Joined before the session's jobs are read: no settle falls in between.
-        await self.layer.group_add(group, self.channel_name)
+        await self.channel_layer.group_add(group, self.channel_name)
         replacement = resumption.new_token()
         try:
             resumed = await self.io.resume(action, replacement)
         except resumption.ResumeRefused as refused:
-            await self.layer.group_discard(group, self.channel_name)
+            await self.channel_layer.group_discard(group, self.channel_name)
             return self.session.resume_refused(refused.error)
         await self.join(action.session_id)
         return self.session.resumed(
@@ -333,8 +331,8 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def join(self, session_id: str) -> None:
         """Hold the session here, and hear its notes."""
         self.group = session_group(session_id)
-        await self.layer.group_add(self.group, self.channel_name)
-        await self.layer.group_add(AVAILABILITY_GROUP, self.channel_name)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.channel_layer.group_add(AVAILABILITY_GROUP, self.channel_name)
         held_sessions.hold(self.channel_name, session_id)
 
     # -- notes from workers, the reaper, the admin, other connections ----------------

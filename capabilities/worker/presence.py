@@ -56,7 +56,8 @@ class Presence(threading.Thread):
         interval = float(settings.ABP["WORKER_ANNOUNCE_SECONDS"])
         while not self._stopped.is_set():
             try:
-                workers.announce(self.snapshot())
+                if workers.announce(self.snapshot()):
+                    redis_emptied()
             except Exception:
                 logger.warning("Could not announce worker %s", self.hostname, exc_info=True)
             self._stopped.wait(interval)
@@ -80,10 +81,22 @@ def announce(sender: Any = None, **_: Any) -> None:
     pool = sender.pool
     concurrency = 1 if isinstance(pool, SoloPool) else int(sender.controller.concurrency)
     _presence = Presence(str(sender.hostname), queues, concurrency)
-    workers.announce(_presence.snapshot())
+    if workers.announce(_presence.snapshot()):
+        redis_emptied()
     _presence.start()
     # Jobs waiting in the database for a worker of these queues can go now.
     dispatch.pump_safely(queues)
+
+
+def redis_emptied() -> None:
+    """This worker is the first to announce itself to Redis since it lost its data.
+
+    The broker's queues may have gone with it (the same Redis, by default): jobs
+    handed over and not started are handed over again now, not after
+    REDISPATCH_AFTER_SECONDS.
+    """
+    if dispatch.redispatch_all():
+        dispatch.pump_safely()
 
 
 def withdraw(**_: Any) -> None:

@@ -226,6 +226,12 @@ class Stack:
         self.start_worker()
         self.beat.start(lambda: "beat: Starting" in self.beat.log_text())
         self.web.start(lambda: port_open(self.web_port))
+        # A new Redis refuses no call for one worker TTL, while workers announce
+        # themselves (capabilities/jobs/workers.py): the availability tests need it over.
+        from capabilities.jobs import workers  # Django is set up by now
+        from tests.support.waiting import eventually
+
+        eventually(lambda: workers.live_workers() and not workers.registry_lost(), timeout=30)
 
     def start_web(self) -> None:
         """Start a fresh Daphne on the stack's port (after the last one was killed)."""
