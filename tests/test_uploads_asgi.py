@@ -20,6 +20,8 @@ import pytest
 from django.conf import settings
 from django.core.files.storage import default_storage
 from django.test import override_settings
+from hypothesis import given
+from hypothesis import strategies as st
 from moto import mock_aws
 
 from capabilities.access import agent_keys
@@ -106,6 +108,25 @@ def test_a_body_reads_as_a_file_across_its_chunks() -> None:
         b"ghij",
         b"",
     ]
+
+
+@given(
+    pieces=st.lists(st.binary(max_size=64), max_size=8),
+    sizes=st.lists(st.integers(min_value=-1, max_value=100), max_size=20),
+)
+def test_a_body_read_in_any_sizes_gives_back_its_bytes_in_order(
+    pieces: list[bytes], sizes: list[int]
+) -> None:
+    body = upload_body.Chunks(deque(pieces))
+    whole = b"".join(pieces)
+    read = b""
+    for size in sizes:
+        part = body.read(size)
+        assert len(part) == (
+            len(whole) - len(read) if size < 0 else min(size, len(whole) - len(read))
+        )
+        read += part
+    assert read + body.read() == whole
 
 
 def test_only_its_path_is_taken_from_django() -> None:
