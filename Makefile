@@ -85,8 +85,8 @@ $(BIN)/python: | system-deps
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 
 # Re-installed only when pyproject.toml is newer than the stamp.
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]'
+$(STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]' -e ./clients/python
 	@touch $@
 
 # --- the demo -------------------------------------------------------------------------
