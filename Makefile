@@ -86,7 +86,7 @@ $(BIN)/python: | system-deps
 
 # Re-installed only when pyproject.toml is newer than the stamp.
 $(STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]' -e ./clients/python
+	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]' -e './clients/python[cli]'
 	@touch $@
 
 # --- the demo -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from abp_jobs_client import (
     CallCancelled,
     CallTimedOut,
     Client,
+    Disconnected,
     InvalidParams,
     Progress,
     RetryPolicy,
@@ -201,3 +202,23 @@ def test_binary_inputs_upload_and_binary_results_come_back_as_bytes(stack: Stack
     file = linked.data["file"]
     assert isinstance(file, Blob)
     assert len(file.content) == 300 * 1024
+
+
+def test_a_call_over_the_frame_limit_is_refused_before_anything_is_sent(stack: Stack) -> None:
+    with Client(stack.ws_url, key=key(), max_frame_bytes=1024 * 1024) as client:
+        with pytest.raises(InvalidParams) as raised:
+            client.call("export.pdf", {"html": "x" * (1024 * 1024)})
+        assert raised.value.details["limit"] == 1024 * 1024
+        assert not Job.objects.filter(session__pk=str(client.session_id)).exists()
+        # The session goes on.
+        assert client.call("test.sleep", {"steps": 0, "echo": 1}).data["echo"] == 1
+
+
+def test_a_frame_the_server_refuses_ends_the_calls_with_disconnected_not_a_hang(
+    stack: Stack,
+) -> None:
+    # The stack's Daphnes take frames of at most 1 MiB; this client was told 64 MiB.
+    client = Client(stack.ws_url, key=key(), max_frame_bytes=64 * 1024 * 1024)
+    with client, pytest.raises(Disconnected) as raised:
+        client.start("export.pdf", {"html": "x" * (2 * 1024 * 1024)}).result(timeout=30)
+    assert "1009" in raised.value.message

@@ -17,7 +17,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from abp_jobs_client import messages, transfers
-from abp_jobs_client.errors import ABPError, Disconnected
+from abp_jobs_client.errors import ABPError, Disconnected, InvalidParams
 from abp_jobs_client.messages import Blob, Progress, Result
 
 logger = logging.getLogger(__name__)
@@ -25,6 +25,11 @@ logger = logging.getLogger(__name__)
 ProgressCallback = Callable[[Progress], None]
 # Results up to the server's inline limit (10 MiB of bytes, as base64) fit in one frame.
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+# Closes after which the session is taken back: the network dropped (1006, no close
+# frame), or the server went away or restarts. Others end it for this client: a
+# shutdown (1000), a frame over the server's limit (1009: its frame is gone, and
+# resuming would leave that call unanswered), a revoked key, a takeover (4409).
+RESUMABLE_CLOSE_CODES = frozenset({None, 1001, 1006, 1011, 1012, 1013, 1014})
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,10 @@ class AsyncClient:
         agent_version: str = "0.1.0",
         resume_grace_seconds: float = 60.0,
         retry: RetryPolicy | None = None,
+        max_frame_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.url = url
+        self.max_frame_bytes = max_frame_bytes
         self.key = key
         self.session_id: str | None = None
         self.capability_names: list[str] = []
@@ -202,13 +209,24 @@ class AsyncClient:
         """Send a call; its handle, to await or cancel. `timeout` in seconds (server-side)."""
         call_id = call_id or uuid.uuid4().hex
         sendable = await self._sendable(params)
+        timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
+        frame = messages.envelope(
+            "capabilities/call",
+            self._next_id(),
+            messages.call(capability, sendable, call_id, timeout_ms),
+        )
+        if len(frame.encode()) > self.max_frame_bytes:
+            raise InvalidParams(
+                "INVALID_PARAMS",
+                f"The call is {len(frame.encode())} bytes as a frame; the server takes at most "
+                f"{self.max_frame_bytes} (send big binary inputs as bytes: they are uploaded).",
+                details={"path": "params", "limit": self.max_frame_bytes},
+            )
         handle = CallHandle(self, call_id)
         self._calls[call_id] = handle
         if on_progress is not None:
             self._progress[call_id] = on_progress
-        timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
-        payload = messages.call(capability, sendable, call_id, timeout_ms)
-        await self._send("capabilities/call", self._next_id(), payload)
+        await self._send_frame(frame)
         return handle
 
     async def request(self, type_: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -268,7 +286,13 @@ class AsyncClient:
             except ConnectionClosed:
                 pass
             self._connected.clear()
-            if self._closing or not await self._resume():
+            if self._closing:
+                return
+            if ws.close_code not in RESUMABLE_CLOSE_CODES:
+                reason = f"The server closed the connection ({ws.close_code} {ws.close_reason})."
+                self._fail_all(Disconnected("DISCONNECTED", reason.replace(" )", ")")))
+                return
+            if not await self._resume():
                 return
 
     async def _resume(self) -> bool:
@@ -311,6 +335,9 @@ class AsyncClient:
             request.set_result(payload)
 
     async def _send(self, type_: str, id_: str, payload: dict[str, Any]) -> None:
+        await self._send_frame(messages.envelope(type_, id_, payload))
+
+    async def _send_frame(self, frame: str) -> None:
         while True:
             if self._lost is not None:
                 raise self._lost
@@ -318,7 +345,7 @@ class AsyncClient:
             ws = self._ws
             assert ws is not None
             try:
-                await ws.send(messages.envelope(type_, id_, payload))
+                await ws.send(frame)
                 return
             except ConnectionClosed:
                 self._connected.clear()  # the reader resumes; send again after

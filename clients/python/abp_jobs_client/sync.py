@@ -8,7 +8,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from abp_jobs_client.client import AsyncClient, CallHandle, ProgressCallback, RetryPolicy
+from abp_jobs_client.client import AsyncClient, CallHandle, ProgressCallback
 from abp_jobs_client.messages import Result
 
 T = TypeVar("T")
@@ -51,21 +51,14 @@ class SyncCallHandle:
 class Client:
     """An ABP session for blocking code: `with Client(url, key=...) as client: ...`."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        key: str | None = None,
-        agent_name: str = "abp-jobs-client",
-        resume_grace_seconds: float = 60.0,
-        retry: RetryPolicy | None = None,
-    ) -> None:
+    def __init__(self, url: str, *, key: str | None = None, **options: Any) -> None:
+        """`options`: AsyncClient's (agent_name, resume_grace_seconds, retry, ...)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="abp-client", daemon=True
         )
         self._thread.start()
-        self._async = self.run(_made(url, key, agent_name, resume_grace_seconds, retry))
+        self._async = self.run(_made(url, key, options))
 
     def __enter__(self) -> Client:
         self.run(self._async.open())
@@ -135,11 +128,9 @@ class Client:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
 
-async def _made(
-    url: str, key: str | None, agent_name: str, grace: float, retry: RetryPolicy | None
-) -> AsyncClient:
+async def _made(url: str, key: str | None, options: dict[str, Any]) -> AsyncClient:
     # Made on the client's loop: its futures and events belong there.
-    return AsyncClient(url, key=key, agent_name=agent_name, resume_grace_seconds=grace, retry=retry)
+    return AsyncClient(url, key=key, **options)
 
 
 async def _spawned(coroutine: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

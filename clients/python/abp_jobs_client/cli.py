@@ -1,0 +1,225 @@
+"""abp-jobs: capabilities and calls from the command line, on the asyncio client.
+
+Exit codes: 0 succeeded, 1 failed (or could not connect), 2 bad usage, 3 cancelled,
+4 timed out, 130 a second Ctrl-C (left at once, without waiting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from abp_jobs_client import cli_params
+from abp_jobs_client.client import AsyncClient
+from abp_jobs_client.errors import ABPError, CallCancelled, CallTimedOut
+from abp_jobs_client.messages import Blob, Progress, Result
+
+OK, FAILED, USAGE, CANCELLED, TIMED_OUT, INTERRUPTED = 0, 1, 2, 3, 4, 130
+DEFAULT_URL = "ws://127.0.0.1:8000/abp/ws"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; its exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        code: int = asyncio.run(args.run(args))
+    except ABPError as error:
+        _report(args, {"status": "failed", "error": _error(error)}, f"error: {error}")
+        return FAILED
+    except (OSError, cli_params.ParamError) as failed:
+        print(f"error: {failed}", file=sys.stderr)
+        return USAGE if isinstance(failed, cli_params.ParamError) else FAILED
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="abp-jobs", description=__doc__)
+    parser.add_argument("--url", default=os.environ.get("ABP_URL", DEFAULT_URL), help="$ABP_URL")
+    parser.add_argument("--key", default=os.environ.get("ABP_KEY"), help="$ABP_KEY")
+    parser.add_argument("--json", action="store_true", help="output a script can read")
+    commands = parser.add_subparsers(required=True, metavar="command")
+    listing = commands.add_parser("capabilities", help="list the capabilities")
+    listing.set_defaults(run=_capabilities)
+    call = commands.add_parser("call", help="call a capability")
+    call.add_argument("capability")
+    call.add_argument("--param", action="append", default=[], metavar="NAME=VALUE|NAME=@FILE")
+    call.add_argument("-o", "--output", type=Path, help="write the result's file here")
+    call.add_argument("--timeout", type=float, help="seconds (the server's default otherwise)")
+    call.set_defaults(run=_call)
+    return parser
+
+
+async def _capabilities(args: argparse.Namespace) -> int:
+    async with AsyncClient(args.url, key=args.key) as client:
+        listed = await client.capabilities()
+    if args.json:
+        print(json.dumps(listed, indent=2))
+        return OK
+    width = max((len(entry["name"]) for entry in listed), default=4)
+    print(f"{'NAME':<{width}}  AVAILABLE  DESCRIPTION")
+    for entry in listed:
+        available = "yes" if entry.get("available", True) else "no"
+        summary = str(entry.get("description", "")).split(". ")[0]
+        print(f"{entry['name']:<{width}}  {available:<9}  {summary}")
+    return OK
+
+
+async def _call(args: argparse.Namespace) -> int:
+    async with AsyncClient(args.url, key=args.key) as client:
+        listed = {entry["name"]: entry for entry in await client.capabilities()}
+        schema = (listed.get(args.capability) or {}).get("inputSchema") or {}
+        params = cli_params.parse(args.param, schema)
+        bar = _ProgressBar(enabled=not args.json and sys.stderr.isatty())
+        handle = await client.start(
+            args.capability, params, timeout=args.timeout, on_progress=bar.update
+        )
+        interrupted = asyncio.Event()
+        _on_ctrl_c(interrupted)
+        answer = asyncio.ensure_future(handle.result())
+        stop = asyncio.ensure_future(interrupted.wait())
+        await asyncio.wait({answer, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not answer.done():
+            confirmation = await handle.cancel("interrupted (Ctrl-C)")
+            with contextlib.suppress(ABPError):
+                await answer
+            bar.stop()
+            if confirmation.get("cancelled"):
+                took = handle.confirmed_in_ms or 0.0
+                line = f"cancelled (confirmed in {took:.1f} ms)"
+                _report(args, {"status": "cancelled", "confirmedInMs": took}, line)
+                return CANCELLED
+        bar.stop()
+        return _outcome(args, answer)
+
+
+def _outcome(args: argparse.Namespace, answer: asyncio.Future[Result]) -> int:
+    try:
+        result = answer.result()
+    except CallCancelled as error:
+        _report(args, {"status": "cancelled", "error": _error(error)}, f"cancelled: {error}")
+        return CANCELLED
+    except CallTimedOut as error:
+        _report(args, {"status": "timedOut", "error": _error(error)}, f"timed out: {error}")
+        return TIMED_OUT
+    except ABPError as error:
+        _report(args, {"status": "failed", "error": _error(error)}, f"failed: {error}")
+        return FAILED
+    saved = _save(result.data, args.output) if args.output else None
+    shown = {
+        "status": "succeeded",
+        "callId": result.call_id,
+        "durationMs": result.duration_ms,
+        "data": _printable(result.data),
+    }
+    if saved is not None:
+        shown["savedTo"] = str(saved)
+    text = f"saved {saved}" if saved else json.dumps(_printable(result.data), indent=2)
+    _report(args, shown, text)
+    return OK
+
+
+def _save(data: dict[str, Any], output: Path) -> Path:
+    """The first file in the result, written whole or not at all."""
+    blob = next(iter(_blobs(data)), None)
+    if blob is None:
+        raise OSError("the result holds no file to write")
+    with tempfile.NamedTemporaryFile(dir=output.parent, delete=False) as partial:
+        partial.write(blob.content)
+    os.replace(partial.name, output)
+    return output
+
+
+def _blobs(value: Any) -> list[Blob]:
+    if isinstance(value, Blob):
+        return [value]
+    if isinstance(value, dict):
+        return [blob for item in value.values() for blob in _blobs(item)]
+    if isinstance(value, list):
+        return [blob for item in value for blob in _blobs(item)]
+    return []
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, Blob):
+        return {"mimeType": value.mime_type, "size": len(value.content), "filename": value.filename}
+    if isinstance(value, dict):
+        return {key: _printable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_printable(item) for item in value]
+    return value
+
+
+def _on_ctrl_c(interrupted: asyncio.Event) -> None:
+    """The first Ctrl-C cancels the call; a second one leaves at once."""
+
+    def pressed() -> None:
+        if interrupted.is_set():
+            os._exit(INTERRUPTED)
+        interrupted.set()
+        print("\ncancelling... (Ctrl-C again to quit now)", file=sys.stderr)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, pressed)
+
+
+def _report(args: argparse.Namespace, shown: dict[str, Any], text: str) -> None:
+    if args.json:
+        print(json.dumps(shown))
+    else:
+        print(text, file=sys.stdout if shown["status"] == "succeeded" else sys.stderr)
+
+
+def _error(error: ABPError) -> dict[str, Any]:
+    shown: dict[str, Any] = {"code": error.code, "message": error.message}
+    shown["retryable"] = error.retryable
+    if error.retry_after_ms is not None:
+        shown["retryAfter"] = error.retry_after_ms
+    if error.details:
+        shown["details"] = error.details
+    return shown
+
+
+class _ProgressBar:
+    """A live bar on stderr with the call's stage (rich, when installed and a terminal)."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+        if not enabled:
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+        except ImportError:
+            return
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            transient=True,
+            console=Console(stderr=True),
+        )
+        self._bar.start()
+        self._task = self._bar.add_task("queued", total=None)
+
+    def update(self, progress: Progress) -> None:
+        if self._bar is None:
+            return
+        stage = progress.stage or "running"
+        if progress.position is not None:
+            stage = f"queued (#{progress.position})"
+        total = progress.total if progress.total else None
+        self._bar.update(self._task, description=stage, completed=progress.progress, total=total)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
