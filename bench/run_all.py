@@ -20,6 +20,7 @@ BENCHMARKS = (
     "admin_changelist.py",
     "auth_overhead.py",
     "load_sessions.py",
+    "python_client.py",
 )
 
 
