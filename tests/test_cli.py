@@ -13,8 +13,10 @@ import pexpect
 from django.utils import timezone
 from PIL import Image
 
+from capabilities.calls import cancellation
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.stack import Stack
+from tests.support.tcp_relay import TcpRelay
 from tests.support.waiting import eventually
 
 CLI = [sys.executable, "-m", "abp_jobs_client"]
@@ -130,3 +132,27 @@ def test_ctrl_c_mid_pdf_cancels_with_confirmation_and_leaves_no_file(
     stopped = eventually(Job.objects.filter(pk=job.pk, stopped_at__isnull=False).first)
     assert (stopped.status, stopped.cancel_source) == (JobStatus.CANCELLED, CancelSource.AGENT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.html"]
+
+
+def test_a_second_ctrl_c_leaves_at_once_when_the_confirmation_does_not_come(
+    stack: Stack, tmp_path: Path
+) -> None:
+    relay = TcpRelay(stack.web_port)
+    env = {**environment(stack), "ABP_URL": f"ws://127.0.0.1:{relay.port}/abp/ws"}
+    started = timezone.now()
+    args = ["call", "test.sleep", "--param", "steps=3000", "--param", "stepMs=20"]
+    child = pexpect.spawn(CLI[0], [*CLI[1:], *args], env=env, cwd=str(tmp_path), timeout=30)
+    try:
+        mine = Job.objects.filter(capability="test.sleep", created_at__gte=started)
+        job = eventually(mine.filter(status=JobStatus.RUNNING).first, timeout=30)
+        relay.freeze()  # the server no longer hears, nor answers
+        child.sendintr()
+        child.expect("Ctrl-C again to quit now")
+        child.sendintr()
+        child.expect(pexpect.EOF, timeout=5)
+    finally:
+        child.close()
+        relay.close()
+    assert child.exitstatus == 130
+    # Its session waits for a resume; an operator frees the worker for the next tests.
+    cancellation.cancel(job.pk, source=CancelSource.OPERATOR, reason="test over")
