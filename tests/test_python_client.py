@@ -27,7 +27,7 @@ from asgiref.sync import sync_to_async
 from PIL import Image
 
 from capabilities.models import CancelSource, Job, JobStatus
-from tests.support.stack import Stack
+from tests.support.stack import Stack, free_port
 from tests.support.waiting import eventually
 
 LONG = {"steps": 150, "stepMs": 20}  # about 3 s
@@ -222,3 +222,16 @@ def test_a_frame_the_server_refuses_ends_the_calls_with_disconnected_not_a_hang(
     with client, pytest.raises(Disconnected) as raised:
         client.start("export.pdf", {"html": "x" * (2 * 1024 * 1024)}).result(timeout=30)
     assert "1009" in raised.value.message
+
+
+def test_a_refused_key_raises_a_typed_error_when_opening(stack: Stack) -> None:
+    with pytest.raises(ABPError) as raised, Client(stack.ws_url, key="abp_not-a-key"):
+        pass
+    assert raised.value.code == "PERMISSION_DENIED"
+    assert raised.value.retryable is False
+
+
+def test_no_server_raises_a_retryable_transport_error() -> None:
+    with pytest.raises(ABPError) as raised, Client(f"ws://127.0.0.1:{free_port()}/abp/ws"):
+        pass
+    assert (raised.value.code, raised.value.retryable) == ("TRANSPORT_ERROR", True)

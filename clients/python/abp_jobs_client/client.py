@@ -30,6 +30,13 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 # shutdown (1000), a frame over the server's limit (1009: its frame is gone, and
 # resuming would leave that call unanswered), a revoked key, a takeover (4409).
 RESUMABLE_CLOSE_CODES = frozenset({None, 1001, 1006, 1011, 1012, 1013, 1014})
+# The server's refusals of a connection's credential or budget (docs/protocol.md).
+REFUSED_CLOSE_CODES = {
+    4401: "PERMISSION_DENIED",
+    4403: "PERMISSION_DENIED",
+    4419: "PERMISSION_DENIED",
+    4429: "RATE_LIMITED",
+}
 
 
 @dataclass(frozen=True)
@@ -140,8 +147,13 @@ class AsyncClient:
         await self.close()
 
     async def open(self) -> None:
-        """Connect and initialize a new session."""
-        await self._connect(resume=False)
+        """Connect and initialize a new session (ABPError if that fails)."""
+        try:
+            await self._connect(resume=False)
+        except (OSError, InvalidStatus, ConnectionClosed, TimeoutError) as failed:
+            raise ABPError(
+                "TRANSPORT_ERROR", f"Could not connect: {failed}", retryable=True
+            ) from None
         self._reader = asyncio.create_task(self._read_forever())
 
     async def close(self) -> None:
@@ -260,12 +272,17 @@ class AsyncClient:
         resumed = (
             (self.session_id, self._token) if resume and self.session_id and self._token else None
         )
-        await ws.send(
-            messages.envelope(
-                "initialize", self._next_id(), messages.initialize(*self._agent, resumed)
-            )
-        )
-        reply = json.loads(await ws.recv())
+        hello = messages.initialize(*self._agent, resumed)
+        try:
+            await ws.send(messages.envelope("initialize", self._next_id(), hello))
+            reply = json.loads(await ws.recv())
+        except ConnectionClosed as closed:
+            code = closed.rcvd.code if closed.rcvd is not None else None
+            if code in REFUSED_CLOSE_CODES:
+                reason = closed.rcvd.reason if closed.rcvd is not None else ""
+                message = reason or f"The server refused the connection ({code})."
+                raise ABPError(REFUSED_CLOSE_CODES[code], message, retryable=code == 4429) from None
+            raise
         payload = reply.get("payload") or {}
         if reply.get("type") != "initialize-result" or "error" in payload:
             await ws.close()
@@ -320,7 +337,8 @@ class AsyncClient:
         kind = message.get("type")
         payload = message.get("payload") or {}
         if kind == "capabilities/call-result":
-            handle = self._calls.get(str(payload.get("callId")))
+            # Answered calls are forgotten: a second copy (after a resume) finds none.
+            handle = self._calls.pop(str(payload.get("callId")), None)
             if handle is not None and handle.settle(payload):
                 self._progress.pop(handle.call_id, None)
             return
@@ -355,6 +373,8 @@ class AsyncClient:
         self._connected.set()  # wake senders, which then raise
         for handle in self._calls.values():
             handle.settle({"success": False, "error": _wire(error)})
+        self._calls.clear()
+        self._progress.clear()
         for request in self._requests.values():
             if not request.done():
                 request.set_exception(error)

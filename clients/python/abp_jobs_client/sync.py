@@ -61,7 +61,11 @@ class Client:
         self._async = self.run(_made(url, key, options))
 
     def __enter__(self) -> Client:
-        self.run(self._async.open())
+        try:
+            self.run(self._async.open())
+        except BaseException:
+            self._stop_loop()
+            raise
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -77,9 +81,12 @@ class Client:
         try:
             self.run(self._async.close(), 30)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop.close()
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
 
     def capabilities(self) -> list[dict[str, Any]]:
         """The manifest's entries, with their schemas."""
