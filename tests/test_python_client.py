@@ -44,7 +44,7 @@ def job_of(session_id: str | None, call_id: str, **status: Any) -> Job | None:
 
 async def running(client: AsyncClient, call_id: str) -> Job:
     probe = sync_to_async(lambda: job_of(client.session_id, call_id, status=JobStatus.RUNNING))
-    for _ in range(500):
+    for _ in range(1500):  # 30 s
         job = await probe()
         if job is not None:
             return job
