@@ -9,13 +9,12 @@ the last place can both get it: the limits are a bound on abuse, not a semaphore
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.conf import settings
 
 from capabilities.access.principal import Principal
-from capabilities.calls import session_records
+from capabilities.calls import params_size, session_records
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle, queue
 from capabilities.jobs.slot_counts import slot_counts
@@ -40,7 +39,7 @@ def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) 
             details={"capability": capability},
         )
     limit = principal.max_params_bytes
-    if limit is not None and len(json.dumps(params, ensure_ascii=False)) > limit:
+    if limit is not None and not params_size.json_fits(params, limit):
         return WireError(
             code=ErrorCode.INVALID_PARAMS,
             message=f"Page-token calls may carry at most {limit} bytes of params; "

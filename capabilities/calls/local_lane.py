@@ -24,7 +24,6 @@ WORKER_LOST_AFTER_SECONDS old.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -43,6 +42,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
+from capabilities.calls import params_size
 from capabilities.jobs import abort_flags, lifecycle, notes, results
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
@@ -103,7 +103,7 @@ class LocalLane:
             self._pool is not None
             and capability in abp["LOCAL_LANE_CAPABILITIES"]
             and len(self._runs) < int(abp["LOCAL_LANE_PROCESSES"])
-            and len(json.dumps(params, ensure_ascii=False)) <= abp["LOCAL_LANE_MAX_PARAMS_BYTES"]
+            and params_size.json_fits(params, int(abp["LOCAL_LANE_MAX_PARAMS_BYTES"]))
         )
 
     def runs(self, job: Job) -> bool:
