@@ -43,13 +43,13 @@ def job_of(session_id: str | None, call_id: str, **status: Any) -> Job | None:
 
 
 async def running(client: AsyncClient, call_id: str) -> Job:
-    probe = sync_to_async(lambda: job_of(client.session_id, call_id, status=JobStatus.RUNNING))
-    for _ in range(1500):  # 30 s
-        job = await probe()
-        if job is not None:
-            return job
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"{call_id} never ran")
+    """The call's job once a worker runs it (waited for off the client's event loop)."""
+
+    def probe() -> Job | None:
+        return job_of(client.session_id, call_id, status=JobStatus.RUNNING)
+
+    job: Job = await sync_to_async(eventually)(probe, 30)
+    return job
 
 
 def test_the_blocking_client_lists_capabilities_with_schemas_and_calls(stack: Stack) -> None:

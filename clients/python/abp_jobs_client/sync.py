@@ -33,11 +33,7 @@ class SyncCallHandle:
         A KeyboardInterrupt while waiting cancels the call on the server, waits for the
         confirmation, and is raised again.
         """
-        try:
-            return self._client.run(self._handle.result(), timeout)
-        except KeyboardInterrupt:
-            self._client.run(self._handle.cancel("interrupted"), 30)
-            raise
+        return self._client.wait(self._handle.result(), timeout)
 
     def cancel(self, reason: str | None = None) -> dict[str, Any]:
         """The server's confirmation `{callId, cancelled, reason?}`."""
@@ -105,13 +101,9 @@ class Client:
         A KeyboardInterrupt while waiting cancels the call on the server, waits for the
         confirmation, and is raised again.
         """
-        making = self._async.call(capability, params, timeout=timeout, on_progress=on_progress)
-        task = self.run(_spawned(making))
-        try:
-            return self.run(_outcome(task))
-        except KeyboardInterrupt:
-            self.run(_stopped(task), 30)
-            raise
+        return self.wait(
+            self._async.call(capability, params, timeout=timeout, on_progress=on_progress)
+        )
 
     def start(
         self,
@@ -133,6 +125,19 @@ class Client:
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the client's loop and wait for it."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def wait(self, waiting: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Wait for a call's outcome; a KeyboardInterrupt meanwhile cancels its task.
+
+        Cancelling a task that awaits a call cancels the call on the server and waits
+        for the confirmation (CallHandle.result), then the interrupt is raised again.
+        """
+        task = self.run(_spawned(waiting))
+        try:
+            return self.run(_outcome(task), timeout)
+        except KeyboardInterrupt:
+            self.run(_stopped(task), 30)
+            raise
 
 
 async def _made(url: str, key: str | None, options: dict[str, Any]) -> AsyncClient:
