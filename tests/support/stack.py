@@ -228,10 +228,17 @@ class Stack:
         self.web.start(lambda: port_open(self.web_port))
         # A new Redis refuses no call for one worker TTL, while workers announce
         # themselves (capabilities/jobs/workers.py): the availability tests need it over.
+        import redis
+
         from capabilities.jobs import workers  # Django is set up by now
         from tests.support.waiting import eventually
 
-        eventually(lambda: workers.live_workers() and not workers.registry_lost(), timeout=30)
+        # This stack's own Redis: a benchmark runs several stacks from one process.
+        with redis.Redis(host="127.0.0.1", port=self.redis_port) as client:
+            eventually(
+                lambda: workers.live_workers(client) and not workers.registry_lost(),
+                timeout=30,
+            )
 
     def start_web(self) -> None:
         """Start a fresh Daphne on the stack's port (after the last one was killed)."""
