@@ -282,21 +282,24 @@ def test_a_page_token_s_timeouts_are_short(page: Agent) -> None:
     assert (error["code"], error["details"]["max"]) == ("INVALID_PARAMS", 30000)
 
 
-def test_a_page_s_session_ends_with_its_socket(limited: str) -> None:
-    # Pages do not resume: their calls stop at once instead of running for nobody.
+def test_a_page_s_dropped_session_is_resumed_by_a_page_only(limited: str) -> None:
+    # The browser runtime and bridge resume a dropped socket as any agent does: the
+    # session waits, detached, with its call running; only a page's connection with the
+    # session's token takes it back.
     page_budget_unspent()
     with page_agent(limited) as agent:
         agent.initialize()
-        agent.call("test.sleep", LONG, call_id="orphan")
-        wait_running(agent, "orphan")
-        session_id = agent.session_id
-    job = eventually(
-        lambda: (
-            Job.objects.filter(session_id=session_id, call_id="orphan")
-            .exclude(status__in=ACTIVE_STATUSES)
-            .first()
-        )
-    )
-    assert job.cancel_source == "disconnect"
-    # Closed right after its calls are settled.
-    eventually(lambda: AgentSession.objects.filter(pk=session_id).exclude(closed_at=None).first())
+        call = agent.call("test.sleep", LONG, call_id="resumed")
+        wait_running(agent, "resumed")
+        session_id, token = agent.session_id, agent.resume_token
+    assert token is not None
+    eventually(lambda: AgentSession.objects.filter(pk=session_id).exclude(detached_at=None).first())
+    assert Job.objects.get(session_id=session_id, call_id="resumed").status in ACTIVE_STATUSES
+    with Agent(ws(limited), key=new_key()) as keyed:
+        refused = keyed.resume(session_id, token)["payload"]["error"]
+        assert refused["code"] == "SESSION_INVALID"
+    with page_agent(limited) as again:
+        assert again.resume(session_id, token)["payload"]["sessionId"] == str(session_id)
+        assert again.result_of(call)["payload"]["success"] is True
+        again.send("shutdown", {})
+        assert again.read_until_closed() == 1000

@@ -128,9 +128,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             max_queued_calls=principal.max_queued_calls,
             queue_full_retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
             max_timeout_ms=functools.partial(start.max_timeout_ms, principal),
-            # Pages do not resume (runtime.js, bridge.js): a page's session ends with
-            # its socket, so its work stops at once and holds no place for the grace.
-            resumable=principal.kind != "page" and resumption.grace().total_seconds() > 0,
+            # Pages resume too (client.js, bridge.js); a page that goes away ends its
+            # session itself (pagehide), so only a dropped socket waits out the grace.
+            resumable=resumption.grace().total_seconds() > 0,
         )
         await self.perform(self.session.accepted(limits))
         await self.accept(subprotocol=subprotocol)

@@ -19,9 +19,15 @@
  * - Cancellation goes hop by hop: a capabilities/cancel from the parent is relayed;
  *   when the parent goes away (this page is hidden for good) or detaches (DETACH),
  *   the bridge cancels every call it relayed and ends the session before closing.
- * - The socket is opened on the first envelope and kept while the session lives;
- *   when it closes, every request still waiting is answered (DISCONNECTED) and the
- *   parent is told (CLOSED). The next envelope opens a new socket.
+ * - The socket is opened on the first envelope and kept while the session lives.
+ *   When it drops (a close code in RESUMABLE_CLOSE_CODES: the network, a restarted
+ *   server), the bridge opens a new one and resumes the session on it, as client.js
+ *   does: the parent sees nothing but its calls' results, once. Messages from the
+ *   parent wait for the new socket; cancels whose replies may have been lost are sent
+ *   again. Only when the session cannot be resumed (the app refuses it, or the grace
+ *   period passes), or the socket closes for another reason, is every request still
+ *   waiting answered (DISCONNECTED) and the parent told (CLOSED). The next envelope
+ *   then opens a new socket.
  * - The socket carries the page token the server rendered into the config (as its
  *   subprotocol); a token older than half its max age is first replaced by a fresh
  *   one from the token URL. A socket the app refuses as `expired-credentials` before
@@ -39,6 +45,8 @@ import {
   ErrorCode,
   MessageType,
   REPLY_TYPES,
+  RESUMABLE_CLOSE_CODES,
+  RESUME_GRACE_MS,
   decodeBinaryOutputs,
   encodeBinaryInputs,
   envelope,
@@ -75,7 +83,12 @@ const loadedAt = Date.now();
  * @property {string} type
  * @property {string} [callId]
  * @property {boolean} [buffers] Binary results as transferred ArrayBuffers.
+ * @property {string} [frame] A cancel's frame: sent again after a resume.
  */
+
+/** The first wait between attempts to resume; it doubles up to RESUME_RETRY_MAX_MS. */
+const RESUME_RETRY_MS = 100;
+const RESUME_RETRY_MAX_MS = 2000;
 
 /**
  * Whether `origin` may talk to this bridge.
@@ -147,6 +160,12 @@ export class Bridge {
   #refusal = null;
   /** The session the app opened on the socket (initialize-result), for uploads. @type {string | null} */
   #sessionId = null;
+  /** Its current resume token. @type {string | null} */
+  #resumeToken = null;
+  /** What the parent's initialize said (agent, features): sent again to resume. @type {Record<string, any>} */
+  #hello = {};
+  /** The session is being resumed on a new socket. */
+  #resuming = false;
   /** Relayed requests waiting for their reply, by envelope id. @type {Map<string, Relayed>} */
   #relayed = new Map();
   // Messages are handled in order in each direction, though some steps are async
@@ -264,6 +283,11 @@ export class Bridge {
       );
       return;
     }
+    if (type === MessageType.INITIALIZE && isRecord(payload)) {
+      const { resume, ...hello } = payload;
+      this.#hello = hello;
+    }
+    if (type === MessageType.CANCEL) relayed = { ...relayed, frame: text };
     if (type !== undefined && id !== undefined && type in REPLY_TYPES) this.#relayed.set(id, relayed);
     this.#relay(text);
   }
@@ -317,7 +341,7 @@ export class Bridge {
       return;
     }
     this.#queue.push(text);
-    if (socket === null && !this.#starting) void this.#connect();
+    if (socket === null && !this.#starting && !this.#resuming) void this.#connect();
   }
 
   /** @param {WebSocketTransport} socket @param {string} text */
@@ -355,11 +379,15 @@ export class Bridge {
     }
   }
 
-  /** @param {string | undefined} token */
-  #open(token) {
+  /** The app's WebSocket URL. */
+  #endpoint() {
     const url = new URL(this.#config.endpoint, location.href);
     url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-    const socket = new WebSocketTransport(url.href, token);
+    return url.href;
+  }
+
+  /** The socket's messages go to the parent, its close here. @param {WebSocketTransport} socket */
+  #listen(socket) {
     socket.onmessage = (/** @type {any} */ message) => {
       if (socket === this.#socket) {
         if (refusalNotice(message) !== null) {
@@ -373,6 +401,12 @@ export class Bridge {
         .catch((error) => console.error("ABP bridge: could not deliver a message", error));
     };
     socket.onclose = (info) => this.#closed(socket, info);
+  }
+
+  /** @param {string | undefined} token */
+  #open(token) {
+    const socket = new WebSocketTransport(this.#endpoint(), token);
+    this.#listen(socket);
     const opened = socket.open(); // a URL the WebSocket refuses throws here, before it is taken
     this.#socket = socket;
     this.#unheard = [];
@@ -391,6 +425,7 @@ export class Bridge {
     const id = readableId(message.id);
     if (message.type === MessageType.INITIALIZE_RESULT && isRecord(message.payload)) {
       this.#sessionId = typeof message.payload.sessionId === "string" ? message.payload.sessionId : null;
+      this.#resumeToken = typeof message.payload.resumeToken === "string" ? message.payload.resumeToken : null;
     }
     const relayed = id === undefined ? undefined : this.#relayed.get(id);
     if (id !== undefined && relayed !== undefined && REPLY_TYPES[relayed.type] === message.type) {
@@ -437,6 +472,16 @@ export class Bridge {
   #closed(socket, info) {
     if (socket !== this.#socket) return;
     this.#socket = null;
+    if (
+      this.#sessionId !== null &&
+      this.#resumeToken !== null &&
+      this.#refusal === null &&
+      info.code !== undefined &&
+      RESUMABLE_CLOSE_CODES.includes(info.code)
+    ) {
+      void this.#resume(info);
+      return;
+    }
     this.#sessionId = null;
     const unread = this.#unheard;
     this.#unheard = null;
@@ -453,6 +498,113 @@ export class Bridge {
       return;
     }
     this.#settle(info, notice);
+  }
+
+  /**
+   * The socket dropped: resume the session on a new one, trying until the app answers
+   * or the grace period is over. Relayed calls and cancels keep waiting (a cancel is
+   * sent again: its reply may have gone with the old socket); other requests had their
+   * replies there, and are answered DISCONNECTED now.
+   * @param {CloseInfo} dropped
+   */
+  async #resume(dropped) {
+    const generation = this.#generation;
+    this.#resuming = true;
+    const lost = wireError(ErrorCode.DISCONNECTED, `The app's connection dropped (${dropped.code}) before the reply.`);
+    for (const [id, relayed] of [...this.#relayed]) {
+      if (relayed.type === MessageType.CALL || relayed.type === MessageType.CANCEL) continue;
+      this.#relayed.delete(id);
+      this.#toParent(errorReply(relayed.type, id, lost, relayed.callId));
+    }
+    const deadline = performance.now() + RESUME_GRACE_MS;
+    let delay = RESUME_RETRY_MS;
+    let expired = false;
+    /** @type {CloseInfo} */
+    let ended = { code: dropped.code, reason: "The session could not be resumed in time." };
+    while (generation === this.#generation && performance.now() < deadline) {
+      let token;
+      try {
+        token = expired ? await this.#token.refresh() : await this.#token.get();
+      } catch (error) {
+        console.warn("ABP bridge: could not get a page token to resume with.", error);
+      }
+      const socket = new WebSocketTransport(this.#endpoint(), token);
+      const outcome = await this.#handshake(socket);
+      if (generation !== this.#generation) {
+        socket.close("parent left");
+        return;
+      }
+      if (outcome.resumed) {
+        this.#resuming = false;
+        this.#socket = socket;
+        this.#listen(socket);
+        this.#unheard = null;
+        const cancels = [...this.#relayed.values()].flatMap((relayed) => (relayed.frame ? [relayed.frame] : []));
+        const queued = this.#queue;
+        this.#queue = [];
+        for (const text of [...cancels, ...queued]) this.#send(socket, text);
+        return;
+      }
+      if (outcome.refused !== undefined) {
+        const wire = outcome.refused;
+        if (expired || !isExpiredRefusal(wire)) {
+          ended = { code: dropped.code, reason: `${wire.code}: ${wire.message}` };
+          break;
+        }
+        expired = true;
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, Math.min(delay, deadline - performance.now()))));
+      delay = Math.min(delay * 2, RESUME_RETRY_MAX_MS);
+    }
+    if (generation !== this.#generation) return;
+    this.#resuming = false;
+    this.#sessionId = null;
+    this.#resumeToken = null;
+    this.#settle(ended);
+  }
+
+  /**
+   * Open `socket` and resume the session on it; the resume's initialize-result stays
+   * here (the parent's session is the same one).
+   * @param {WebSocketTransport} socket
+   * @returns {Promise<{resumed?: true, refused?: WireError, closed?: CloseInfo}>}
+   */
+  #handshake(socket) {
+    return new Promise((resolve) => {
+      const id = newId();
+      /** @type {Record<string, any> | null} */
+      let notice = null;
+      socket.onmessage = (/** @type {any} */ message) => {
+        if (!isRecord(message)) return;
+        if (message.type !== MessageType.INITIALIZE_RESULT || message.id !== id) {
+          notice = refusalNotice(message) !== null ? message : notice;
+          return;
+        }
+        const reply = isRecord(message.payload) ? message.payload : {};
+        if (isRecord(reply.error)) {
+          socket.close();
+          resolve({ refused: /** @type {WireError} */ (reply.error) });
+          return;
+        }
+        this.#resumeToken = typeof reply.resumeToken === "string" ? reply.resumeToken : null;
+        // Listened to before anything else is read: the results that waited come next.
+        this.#listen(socket);
+        resolve({ resumed: true });
+      };
+      socket.onclose = (info) => {
+        const refused = refusalError(info.code, info.reason, refusalNotice(notice));
+        resolve(refused === null ? { closed: info } : { refused });
+      };
+      const hello = { ...this.#hello, resume: { sessionId: this.#sessionId, token: this.#resumeToken } };
+      try {
+        socket.open().then(
+          () => socket.sendText(JSON.stringify(envelope(MessageType.INITIALIZE, hello, id))),
+          () => {}, // closed before it opened: onclose answers
+        );
+      } catch (error) {
+        resolve({ closed: { code: 1006, reason: String(error) } });
+      }
+    });
   }
 
   /**
@@ -485,10 +637,12 @@ export class Bridge {
   #leave(reason) {
     const socket = this.#socket;
     if (socket === null) {
-      if (this.#starting) {
-        // Nothing was sent yet: drop what waits for the token.
+      if (this.#starting || this.#resuming) {
+        // No socket to say goodbye on: drop what waits for one. A session being
+        // resumed is ended by the app when its grace period passes.
         this.#generation += 1;
         this.#starting = false;
+        this.#resuming = false;
         this.#settle({ code: 1000, reason });
       }
       return;

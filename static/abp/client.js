@@ -20,10 +20,16 @@
  * Every call settles exactly once with an ABPResponse; it never rejects. An aborted
  * signal (or `timeout`) sends `capabilities/cancel` and the call resolves with the
  * server's cancelled result; a signal aborted before the call sends nothing and the
- * call resolves at once with a cancelled response. A transport that closes settles
- * every pending call with error DISCONNECTED (retryable), or PERMISSION_DENIED (not
- * retryable) when the app refused the connection's credential (close code 4401, 4403,
- * or the one its refusal notice names).
+ * call resolves at once with a cancelled response.
+ *
+ * A WebSocket that drops (close codes in RESUMABLE_CLOSE_CODES) does not end the
+ * session: the client opens a new socket and resumes it (`initialize` with `resume`),
+ * and the calls in flight get their results there, once. Calls and cancels made
+ * meanwhile wait for the new socket. Only when the session cannot be resumed (the app
+ * refuses, or `resume.graceMs` passes) does every pending call settle with error
+ * DISCONNECTED (retryable), or PERMISSION_DENIED (not retryable) when the app refused
+ * the connection's credential (close code 4401, 4403, or the one its refusal notice
+ * names). Any other close settles them at once, the same way.
  * @module abp/client
  */
 
@@ -34,6 +40,8 @@ import {
   MessageType,
   PROTOCOL_VERSION,
   REPLY_TYPES,
+  RESUMABLE_CLOSE_CODES,
+  RESUME_GRACE_MS,
   abortReason,
   bearerSubprotocols,
   cancelledResponse,
@@ -41,6 +49,7 @@ import {
   encodeBinaryInputs,
   envelope,
   failedResponse,
+  isExpiredRefusal,
   isRecord,
   newId,
   parseTextFrame,
@@ -56,6 +65,8 @@ export {
   ErrorCode,
   MessageType,
   PROTOCOL_VERSION,
+  RESUMABLE_CLOSE_CODES,
+  RESUME_GRACE_MS,
   Refusal,
   isExpiredRefusal,
   newId,
@@ -84,10 +95,26 @@ export {
  */
 
 /**
- * @typedef {{url: string, token?: string} | {window: Window, origin: string, timeout?: number}} ConnectTarget
- *   A WebSocket URL (`ws:`/`wss:`) and the credential to open it with, or the window
- *   of an iframe showing /abp/embed/ and that iframe's origin (never "*": replies are
- *   accepted from that origin only; the bridge brings its own credential).
+ * @typedef {(asked: {expired: boolean}) => string | undefined | Promise<string | undefined>} TokenSource
+ *   The credential for each socket: `expired` is true when the app refused the last
+ *   one as expired (a page token: get a fresh one).
+ */
+
+/**
+ * @typedef {{url: string, token?: string | TokenSource, resume?: boolean | {graceMs?: number}}
+ *   | {window: Window, origin: string, timeout?: number}} ConnectTarget
+ *   A WebSocket URL (`ws:`/`wss:`) and the credential to open it with, and whether a
+ *   dropped socket's session is resumed (default: yes, tried for RESUME_GRACE_MS);
+ *   or the window of an iframe showing /abp/embed/ and that iframe's origin (never
+ *   "*": replies are accepted from that origin only; the bridge brings its own
+ *   credential, and resumes its own socket).
+ */
+
+/**
+ * @typedef {object} Resumer How an ABPClient resumes its session after a drop.
+ * @property {(asked: {expired: boolean}) => Promise<Transport>} reopen A new, open
+ *   transport to the same app (rejects when it cannot connect).
+ * @property {number} graceMs How long to keep trying.
  */
 
 /** @typedef {{code?: number, reason?: string}} CloseInfo */
@@ -112,6 +139,9 @@ export const SHUTDOWN_WAIT_MS = 5000;
 export const BRIDGE_WAIT_MS = 10000;
 const HELLO_INTERVAL_MS = 200;
 const WINDOW_WATCH_MS = 500;
+/** The first wait between attempts to resume; it doubles up to RESUME_RETRY_MAX_MS. */
+const RESUME_RETRY_MS = 100;
+const RESUME_RETRY_MAX_MS = 2000;
 
 const noop = () => {};
 
@@ -353,6 +383,8 @@ class WindowTransport {
  * @property {string} [token]
  * @property {(progress: ProgressInfo) => void} [onProgress]
  * @property {boolean} [cancelling]
+ * @property {Envelope} [frame] A cancel's own frame: sent again after a resume, since
+ *   its reply may have gone with the old socket.
  */
 
 /** One ABP session's worth of connection: calls, cancels, progress, notifications. */
@@ -374,14 +406,29 @@ export class ABPClient {
   #closeError = wireError(ErrorCode.DISCONNECTED, "The connection is closed.");
   /** Why the app is about to close the connection, when it said so. @type {WireError | null} */
   #refusal = null;
-  /** @type {{progress: Set<Function>, notification: Set<Function>, envelope: Set<Function>, close: Set<Function>}} */
-  #handlers = { progress: new Set(), notification: new Set(), envelope: new Set(), close: new Set() };
+  /** @type {{progress: Set<Function>, notification: Set<Function>, envelope: Set<Function>, close: Set<Function>, resume: Set<Function>}} */
+  #handlers = { progress: new Set(), notification: new Set(), envelope: new Set(), close: new Set(), resume: new Set() };
+  /** How to resume after a drop; null: a drop ends the session. @type {Resumer | null} */
+  #resumer;
+  /** The session's current resume token. @type {string | null} */
+  #resumeToken = null;
+  /** What initialize sent (agent, features): sent again, with `resume`, to resume. @type {Record<string, any>} */
+  #hello = {};
+  /** Settles when the session is back on a new transport, or ended. @type {Promise<void> | null} */
+  #resuming = null;
+  /** The transport a resume is being tried on. @type {Transport | null} */
+  #candidate = null;
+  #shuttingDown = false;
 
-  /** @param {Transport} transport @param {Record<string, any>} [bridge] READY's payload. */
-  constructor(transport, bridge = {}) {
+  /**
+   * @param {Transport} transport
+   * @param {Record<string, any>} [bridge] READY's payload.
+   * @param {Resumer | null} [resumer] How to resume the session after a drop.
+   */
+  constructor(transport, bridge = {}, resumer = null) {
     this.#transport = transport;
-    transport.onmessage = (message) => this.#receive(message);
-    transport.onclose = (info) => this.#transportClosed(info);
+    this.#resumer = resumer;
+    this.#attach(transport);
     /** The transport: "websocket" or "window". */
     this.transport = transport.kind;
     /** What the bridge announced (window transport): {protocolVersion, app, maxFrameBytes}. */
@@ -425,6 +472,9 @@ export class ABPClient {
           }
           this.sessionId = reply.sessionId;
           if (this.#transport instanceof WebSocketTransport) this.#transport.sessionId = reply.sessionId ?? null;
+          this.#resumeToken = typeof reply.resumeToken === "string" ? reply.resumeToken : null;
+          const { resume, ...hello } = payload;
+          this.#hello = hello;
           this.session = /** @type {InitializeResult} */ (reply);
           resolve(this.session);
         },
@@ -521,15 +571,17 @@ export class ABPClient {
     }
     return new Promise((resolve) => {
       const id = newId();
-      this.#request(id, {
-        type: MessageType.CANCEL,
-        settle: (reply) => resolve(/** @type {CancelResponse} */ ({ callId: target, cancelled: false, ...reply })),
-        fail: (error) => resolve({ callId: target, cancelled: false, error }),
-      });
       /** @type {Record<string, any>} */
       const payload = { callId: target };
       if (reason) payload.reason = String(reason);
-      this.#send(envelope(MessageType.CANCEL, payload, id));
+      const frame = envelope(MessageType.CANCEL, payload, id);
+      this.#request(id, {
+        type: MessageType.CANCEL,
+        frame,
+        settle: (reply) => resolve(/** @type {CancelResponse} */ ({ callId: target, cancelled: false, ...reply })),
+        fail: (error) => resolve({ callId: target, cancelled: false, error }),
+      });
+      this.#send(frame);
     });
   }
 
@@ -541,6 +593,7 @@ export class ABPClient {
    */
   shutdown(params = {}) {
     if (this.#closed) return Promise.resolve();
+    this.#shuttingDown = true;
     if (this.sessionId === null) {
       // No session to end: the app would answer NOT_INITIALIZED and keep the socket.
       this.close(params.reason);
@@ -566,6 +619,7 @@ export class ABPClient {
   close(reason = "The client closed.") {
     if (this.#closed) return;
     this.#transport.close();
+    this.#candidate?.close();
     this.#transportClosed({ reason }, reason);
   }
 
@@ -595,23 +649,33 @@ export class ABPClient {
   }
 
   /**
-   * The transport closed. @param {(info: CloseInfo) => void} handler
+   * The transport closed for good (not a drop the session was resumed after).
+   * @param {(info: CloseInfo) => void} handler
    * @returns {() => void} Unsubscribes.
    */
   onClose(handler) {
     return this.#subscribe("close", handler);
   }
 
+  /**
+   * The session was resumed on a new socket after a drop.
+   * @param {(info: {sessionId: string, dropped: CloseInfo}) => void} handler
+   * @returns {() => void} Unsubscribes.
+   */
+  onResume(handler) {
+    return this.#subscribe("resume", handler);
+  }
+
   // --- internals -------------------------------------------------------------------
 
-  /** @param {"progress" | "notification" | "envelope" | "close"} kind @param {Function} handler */
+  /** @param {"progress" | "notification" | "envelope" | "close" | "resume"} kind @param {Function} handler */
   #subscribe(kind, handler) {
     const set = this.#handlers[kind];
     set.add(handler);
     return () => set.delete(handler);
   }
 
-  /** @param {"progress" | "notification" | "envelope" | "close"} kind @param {...any} args */
+  /** @param {"progress" | "notification" | "envelope" | "close" | "resume"} kind @param {...any} args */
   #emit(kind, ...args) {
     for (const handler of [...this.#handlers[kind]]) {
       try {
@@ -639,15 +703,29 @@ export class ABPClient {
     return pending;
   }
 
-  /** @param {Envelope} message */
+  /** The transport's messages and close are this client's. @param {Transport} transport */
+  #attach(transport) {
+    this.#transport = transport;
+    transport.onmessage = (message) => this.#receive(message);
+    transport.onclose = (info) => {
+      if (transport === this.#transport) this.#transportClosed(info);
+    };
+  }
+
+  /** Sent now, or on the resumed transport while a resume is under way. @param {Envelope} message */
   #send(message) {
     this.#emit("envelope", "out", message);
-    this.#transport.send(message).catch((error) => {
+    const fail = (/** @type {unknown} */ error) => {
       const wire = error instanceof ABPError ? error : null;
       this.#take(message.id)?.fail(
         wireError(wire?.code ?? ErrorCode.TRANSPORT_ERROR, wire?.message ?? String(error), wire?.details),
       );
-    });
+    };
+    if (this.#resuming === null) {
+      this.#transport.send(message).catch(fail);
+    } else {
+      this.#resuming.then(() => this.#transport.send(message)).catch(fail);
+    }
   }
 
   /** @param {unknown} message */
@@ -685,14 +763,150 @@ export class ABPClient {
     this.#take(id)?.settle(payload);
   }
 
-  /** @param {CloseInfo} info @param {string} [cancelReason] Set when this side closed. */
-  #transportClosed(info, cancelReason) {
+  /** @param {CloseInfo} info */
+  #resumable(info) {
+    return (
+      this.#resumer !== null &&
+      this.#resuming === null &&
+      !this.#shuttingDown &&
+      this.sessionId !== null &&
+      this.#resumeToken !== null &&
+      this.#refusal === null &&
+      info.code !== undefined &&
+      RESUMABLE_CLOSE_CODES.includes(info.code)
+    );
+  }
+
+  /**
+   * The socket dropped: keep the calls, take the session back on a new transport.
+   * Requests other than calls and cancels had their replies on the old socket: they
+   * fail now.
+   * @param {CloseInfo} dropped
+   */
+  #resume(dropped) {
+    const lost = wireError(ErrorCode.DISCONNECTED, `The connection dropped (${dropped.code}) before the reply.`);
+    for (const [id, pending] of [...this.#pending]) {
+      if (pending.type !== MessageType.CALL && pending.type !== MessageType.CANCEL) this.#take(id)?.fail(lost);
+    }
+    this.#resuming = this.#resumeSession(dropped).finally(() => {
+      this.#resuming = null;
+    });
+  }
+
+  /**
+   * Try to resume until it works, the app refuses, or the grace period is over; in the
+   * last two cases the session ends as a close would end it.
+   * @param {CloseInfo} dropped
+   */
+  async #resumeSession(dropped) {
+    const resumer = /** @type {Resumer} */ (this.#resumer);
+    const deadline = performance.now() + resumer.graceMs;
+    let delay = RESUME_RETRY_MS;
+    let expired = false;
+    let why = "the grace period ended";
+    /** @type {WireError | null} */
+    let refused = null;
+    while (!this.#closed && performance.now() < deadline) {
+      try {
+        const transport = await resumer.reopen({ expired });
+        this.#candidate = transport;
+        const outcome = await this.#handshake(transport);
+        this.#candidate = null;
+        if (this.#closed) {
+          transport.close();
+          return;
+        }
+        if (outcome.resumed) {
+          for (const pending of [...this.#pending.values()]) if (pending.frame) this.#send(pending.frame);
+          this.#emit("resume", { sessionId: this.sessionId, dropped });
+          return;
+        }
+        if (outcome.error !== undefined) {
+          if (expired || !isExpiredRefusal(outcome.error)) {
+            refused = outcome.error;
+            break;
+          }
+          expired = true; // once more, with a fresh token
+          continue;
+        }
+        why = `the new connection closed (${outcome.closed?.code})`;
+      } catch (error) {
+        this.#candidate = null;
+        const wire = error instanceof ABPError ? wireError(error.code, error.message, error.details) : null;
+        if (wire !== null && wire.code === ErrorCode.PERMISSION_DENIED && (expired || !isExpiredRefusal(wire))) {
+          refused = wire;
+          break;
+        }
+        expired = isExpiredRefusal(wire);
+        why = wire?.message ?? String(error);
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, Math.min(delay, deadline - performance.now()))));
+      delay = Math.min(delay * 2, RESUME_RETRY_MAX_MS);
+    }
     if (this.#closed) return;
+    if (refused?.code === ErrorCode.PERMISSION_DENIED) {
+      this.#transportClosed(dropped, undefined, refused);
+      return;
+    }
+    const reason = refused === null ? why : `${refused.code}: ${refused.message}`;
+    const message = `The connection closed (${dropped.code}) and the session could not be resumed: ${reason}.`;
+    this.#transportClosed(dropped, undefined, wireError(ErrorCode.DISCONNECTED, message));
+  }
+
+  /**
+   * Resume the session on `transport`: on success it is this client's transport.
+   * @param {Transport} transport
+   * @returns {Promise<{resumed?: true, error?: WireError, closed?: CloseInfo}>}
+   */
+  #handshake(transport) {
+    return new Promise((resolve) => {
+      const id = newId();
+      /** @type {WireError | null} */
+      let notice = null;
+      transport.onmessage = (message) => {
+        if (!isRecord(message)) return;
+        if (message.type !== MessageType.INITIALIZE_RESULT || message.id !== id) {
+          notice = refusalNotice(message) ?? notice;
+          return;
+        }
+        const reply = isRecord(message.payload) ? message.payload : {};
+        if (isRecord(reply.error)) {
+          transport.close();
+          resolve({ error: /** @type {WireError} */ (reply.error) });
+          return;
+        }
+        // Attached before anything else is read: the results that waited come next.
+        this.#resumeToken = typeof reply.resumeToken === "string" ? reply.resumeToken : null;
+        if (transport instanceof WebSocketTransport) transport.sessionId = this.sessionId;
+        this.#attach(transport);
+        resolve({ resumed: true });
+      };
+      transport.onclose = (info) => {
+        const refused = refusalError(info.code, info.reason, notice);
+        resolve(refused === null ? { closed: info } : { error: refused });
+      };
+      const payload = { ...this.#hello, resume: { sessionId: this.sessionId, token: this.#resumeToken } };
+      transport.send(envelope(MessageType.INITIALIZE, payload, id)).catch(() => {}); // its close answers
+    });
+  }
+
+  /**
+   * @param {CloseInfo} info
+   * @param {string} [cancelReason] Set when this side closed.
+   * @param {WireError} [ended] Why a session that could not be resumed ended.
+   */
+  #transportClosed(info, cancelReason, ended) {
+    if (this.#closed) return;
+    if (cancelReason === undefined && ended === undefined && this.#resumable(info)) {
+      this.#resume(info);
+      return;
+    }
     this.#closed = true;
-    const refused = refusalError(info.code, info.reason, this.#refusal);
+    const refused = ended?.code === ErrorCode.PERMISSION_DENIED ? ended : refusalError(info.code, info.reason, this.#refusal);
     if (refused !== null) this.#closeError = refused;
     const error =
       refused ??
+      ended ??
       wireError(ErrorCode.DISCONNECTED, `The connection closed${info.code ? ` (${info.code})` : ""} before the reply.`);
     for (const id of [...this.#pending.keys()]) {
       const pending = this.#take(id);
@@ -735,9 +949,16 @@ export class ABPClient {
  */
 export async function connect(target) {
   if ("url" in target) {
-    const transport = new WebSocketTransport(target.url, target.token);
-    await transport.open();
-    return new ABPClient(transport);
+    const { url, token, resume = true } = target;
+    const reopen = async (asked = { expired: false }) => {
+      const transport = new WebSocketTransport(url, typeof token === "function" ? await token(asked) : token);
+      await transport.open();
+      return transport;
+    };
+    const transport = await reopen();
+    if (resume === false) return new ABPClient(transport);
+    const graceMs = typeof resume === "object" && resume.graceMs !== undefined ? resume.graceMs : RESUME_GRACE_MS;
+    return new ABPClient(transport, {}, { reopen, graceMs });
   }
   const transport = new WindowTransport(target.window, target.origin);
   try {

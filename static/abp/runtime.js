@@ -25,10 +25,13 @@
  *
  * Progress and notifications go to window.__abp_progress / window.__abp_notification
  * when the agent exposed them (exposeFunction), and to abp.onProgress(fn) /
- * abp.onNotification(fn). Every promise settles: a call always resolves with an
- * ABPResponse (a dropped socket gives DISCONNECTED, retryable; a connection the app
- * refused or cut off for its credential, PERMISSION_DENIED). The runtime opens no
- * dialog, window or download.
+ * abp.onNotification(fn). A socket that drops (the network, a restarted server) is
+ * replaced and the session resumed, calls in flight included (client.js); a page that
+ * goes away (pagehide) shuts its session down. Every promise settles: a call always
+ * resolves with an ABPResponse (DISCONNECTED, retryable, when the session could not be
+ * resumed within the grace period or the socket closed for another reason; a
+ * connection the app refused or cut off for its credential, PERMISSION_DENIED). The
+ * runtime opens no dialog, window or download.
  */
 (function () {
   "use strict";
@@ -164,7 +167,9 @@
       });
       clientModule = imported;
     }
-    let token = await pageToken.get();
+    // Each socket (a resumed session's too) gets the token in hand while it is young,
+    // else a fresh one; a fresh one at once when the app found the last one expired.
+    const token = (/** @type {{expired: boolean}} */ asked) => (asked.expired ? pageToken.refresh() : pageToken.get());
     for (let retried = false; ; retried = true) {
       /** @type {any} */
       let connected = null;
@@ -177,7 +182,7 @@
         if (connected !== null) connected.close();
         if (retried || !clientModule.isExpiredRefusal(err) || !data.tokenUrl) throw err;
         try {
-          token = await pageToken.refresh();
+          await pageToken.refresh();
         } catch (refreshError) {
           console.warn("ABP runtime: could not refresh the expired page token.", refreshError);
           throw err;
@@ -311,6 +316,12 @@
       return () => notificationHandlers.delete(handler);
     },
   };
+
+  // A page that goes away ends its session now: its calls stop at once instead of
+  // waiting out the grace period a dropped session is kept for.
+  window.addEventListener("pagehide", () => {
+    if (client !== null) void client.shutdown({ reason: "The page went away." });
+  });
 
   Object.defineProperty(window, "abp", { value: Object.freeze(abp), enumerable: true });
 })();

@@ -88,6 +88,17 @@ export const CloseCode = Object.freeze({
   FORBIDDEN: 4403,
 });
 
+/**
+ * Close codes after which a session is resumed on a new socket (docs/protocol.md,
+ * resuming): the server went away or restarts (1001, 1012), the connection dropped
+ * (1006), or the server failed (1011, 1013, 1014). Any other close ends the session.
+ * @type {readonly number[]}
+ */
+export const RESUMABLE_CLOSE_CODES = Object.freeze([1001, 1006, 1011, 1012, 1013, 1014]);
+
+/** How long a client tries to resume a dropped session: the app's default grace period. */
+export const RESUME_GRACE_MS = 60000;
+
 /** Why a connection was refused (the close reason, or the notice's `details.reason`). */
 export const Refusal = Object.freeze({
   MISSING_CREDENTIALS: "missing-credentials",

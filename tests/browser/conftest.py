@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -127,3 +128,36 @@ def parent_site() -> Iterator[ParentSite]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+CONNECT = """async (app) => {
+  const frame = document.getElementById("bridge");
+  const client = await window.abpClient.connect({ window: frame.contentWindow, origin: app });
+  window.client = client;
+  window.traffic = [];
+  client.onEnvelope((direction, message) => window.traffic.push([direction, message.type]));
+  const session = await client.initialize({ agent: { name: "parent page", version: "1" } });
+  return session.sessionId;
+}"""
+
+START_SLEEPER = """(callId) => {
+  window.controller = new AbortController();
+  window.progress = [];
+  window.result = window.client.call("test.sleep", { steps: 500, stepMs: 20 }, {
+    callId,
+    signal: window.controller.signal,
+    onProgress: (progress) => window.progress.push(progress),
+  });
+}"""
+
+
+def open_parent(page: Page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_function("() => window.parentReady === true")
+
+
+@pytest.fixture
+def parent(page: Page, parent_site: ParentSite, stack: Stack) -> uuid.UUID:
+    """A page on the allowed second origin, connected through the bridge; its session id."""
+    open_parent(page, parent_site.url(parent_site.allowed, "parent.html", app=stack.http_url))
+    return uuid.UUID(page.evaluate(CONNECT, stack.http_url))

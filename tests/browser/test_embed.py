@@ -10,41 +10,9 @@ from playwright.sync_api import ConsoleMessage, Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
-from tests.browser.conftest import ParentSite, screenshot
+from tests.browser.conftest import START_SLEEPER, ParentSite, open_parent, screenshot
 from tests.browser.support import orm, orm_eventually
 from tests.support.stack import Stack
-
-CONNECT = """async (app) => {
-  const frame = document.getElementById("bridge");
-  const client = await window.abpClient.connect({ window: frame.contentWindow, origin: app });
-  window.client = client;
-  window.traffic = [];
-  client.onEnvelope((direction, message) => window.traffic.push([direction, message.type]));
-  const session = await client.initialize({ agent: { name: "parent page", version: "1" } });
-  return session.sessionId;
-}"""
-
-START_SLEEPER = """(callId) => {
-  window.controller = new AbortController();
-  window.progress = [];
-  window.result = window.client.call("test.sleep", { steps: 500, stepMs: 20 }, {
-    callId,
-    signal: window.controller.signal,
-    onProgress: (progress) => window.progress.push(progress),
-  });
-}"""
-
-
-def open_parent(page: Page, url: str) -> None:
-    page.goto(url)
-    page.wait_for_function("() => window.parentReady === true")
-
-
-@pytest.fixture
-def parent(page: Page, parent_site: ParentSite, stack: Stack) -> uuid.UUID:
-    """A page on the allowed second origin, connected through the bridge; its session id."""
-    open_parent(page, parent_site.url(parent_site.allowed, "parent.html", app=stack.http_url))
-    return uuid.UUID(page.evaluate(CONNECT, stack.http_url))
 
 
 def test_abort_from_the_parent_cancels_the_job(page: Page, parent: uuid.UUID, stack: Stack) -> None:

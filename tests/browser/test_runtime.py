@@ -11,6 +11,7 @@ from urllib.parse import urljoin
 
 from playwright.sync_api import Page
 
+from capabilities.calls import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol.replies import NOT_FOUND
 from tests.browser.conftest import screenshot
@@ -234,6 +235,9 @@ def test_a_dropped_socket_settles_every_pending_call(page: Page, stack: Stack) -
         assert response["error"]["retryable"] is True
     assert pending["callId"] == "pending"
     assert page.evaluate("() => abp.initialized") is False
-    # The server cancelled the work when the socket went.
-    job = orm_eventually(Job.objects.filter(call_id="pending", status=JobStatus.CANCELLED).first)
+    # 1009 is not resumed: the server ends the session once its grace period passes.
+    job = orm_eventually(
+        Job.objects.filter(call_id="pending", status=JobStatus.CANCELLED).first,
+        timeout=resumption.grace().total_seconds() + 20,
+    )
     assert job.cancel_source == CancelSource.DISCONNECT

@@ -13,9 +13,8 @@ from typing import Any
 from playwright.sync_api import Page
 
 from capabilities.models import Job
-from tests.browser.conftest import ParentSite
+from tests.browser.conftest import CONNECT, ParentSite, open_parent
 from tests.browser.support import orm
-from tests.browser.test_embed import CONNECT, open_parent
 from tests.support.stack import Stack
 
 # A noisy 600x400 PNG (~700 KB: over the upload threshold), resized in the call.
