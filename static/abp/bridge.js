@@ -37,7 +37,7 @@
  * @module abp/bridge
  */
 
-import { WebSocketTransport } from "./client.js";
+import { WebSocketTransport, resumeOn } from "./client.js";
 import { PageToken } from "./page_token.js";
 import { uploadBinaryInputs, uploadUrl } from "./uploads.js";
 import {
@@ -536,8 +536,7 @@ export class Bridge {
       }
       if (outcome.resumed) {
         this.#resuming = false;
-        this.#socket = socket;
-        this.#listen(socket);
+        this.#socket = socket; // listened to since the handshake
         this.#unheard = null;
         const cancels = [...this.#relayed.values()].flatMap((relayed) => (relayed.frame ? [relayed.frame] : []));
         const queued = this.#queue;
@@ -545,10 +544,14 @@ export class Bridge {
         for (const text of [...cancels, ...queued]) this.#send(socket, text);
         return;
       }
-      if (outcome.refused !== undefined) {
-        const wire = outcome.refused;
+      if (outcome.error !== undefined) {
+        const wire = outcome.error;
         if (expired || !isExpiredRefusal(wire)) {
-          ended = { code: dropped.code, reason: `${wire.code}: ${wire.message}` };
+          const closeCode = wire.details?.closeCode;
+          ended =
+            wire.code === ErrorCode.PERMISSION_DENIED && typeof closeCode === "number"
+              ? { code: closeCode, reason: wire.details?.reason } // answered PERMISSION_DENIED
+              : { code: dropped.code, reason: `${wire.code}: ${wire.message}` };
           break;
         }
         expired = true;
@@ -567,43 +570,18 @@ export class Bridge {
    * Open `socket` and resume the session on it; the resume's initialize-result stays
    * here (the parent's session is the same one).
    * @param {WebSocketTransport} socket
-   * @returns {Promise<{resumed?: true, refused?: WireError, closed?: CloseInfo}>}
+   * @returns {Promise<{resumed?: true, error?: WireError, closed?: CloseInfo}>}
    */
-  #handshake(socket) {
-    return new Promise((resolve) => {
-      const id = newId();
-      /** @type {Record<string, any> | null} */
-      let notice = null;
-      socket.onmessage = (/** @type {any} */ message) => {
-        if (!isRecord(message)) return;
-        if (message.type !== MessageType.INITIALIZE_RESULT || message.id !== id) {
-          notice = refusalNotice(message) !== null ? message : notice;
-          return;
-        }
-        const reply = isRecord(message.payload) ? message.payload : {};
-        if (isRecord(reply.error)) {
-          socket.close();
-          resolve({ refused: /** @type {WireError} */ (reply.error) });
-          return;
-        }
-        this.#resumeToken = typeof reply.resumeToken === "string" ? reply.resumeToken : null;
-        // Listened to before anything else is read: the results that waited come next.
-        this.#listen(socket);
-        resolve({ resumed: true });
-      };
-      socket.onclose = (info) => {
-        const refused = refusalError(info.code, info.reason, refusalNotice(notice));
-        resolve(refused === null ? { closed: info } : { refused });
-      };
-      const hello = { ...this.#hello, resume: { sessionId: this.#sessionId, token: this.#resumeToken } };
-      try {
-        socket.open().then(
-          () => socket.sendText(JSON.stringify(envelope(MessageType.INITIALIZE, hello, id))),
-          () => {}, // closed before it opened: onclose answers
-        );
-      } catch (error) {
-        resolve({ closed: { code: 1006, reason: String(error) } });
-      }
+  async #handshake(socket) {
+    try {
+      await socket.open();
+    } catch (error) {
+      return { closed: { code: 1006, reason: String(error) } };
+    }
+    const session = { sessionId: this.#sessionId, token: this.#resumeToken };
+    return resumeOn(socket, this.#hello, session, (resumeToken) => {
+      this.#resumeToken = resumeToken;
+      this.#listen(socket);
     });
   }
 

@@ -856,37 +856,13 @@ export class ABPClient {
   /**
    * Resume the session on `transport`: on success it is this client's transport.
    * @param {Transport} transport
-   * @returns {Promise<{resumed?: true, error?: WireError, closed?: CloseInfo}>}
    */
   #handshake(transport) {
-    return new Promise((resolve) => {
-      const id = newId();
-      /** @type {WireError | null} */
-      let notice = null;
-      transport.onmessage = (message) => {
-        if (!isRecord(message)) return;
-        if (message.type !== MessageType.INITIALIZE_RESULT || message.id !== id) {
-          notice = refusalNotice(message) ?? notice;
-          return;
-        }
-        const reply = isRecord(message.payload) ? message.payload : {};
-        if (isRecord(reply.error)) {
-          transport.close();
-          resolve({ error: /** @type {WireError} */ (reply.error) });
-          return;
-        }
-        // Attached before anything else is read: the results that waited come next.
-        this.#resumeToken = typeof reply.resumeToken === "string" ? reply.resumeToken : null;
-        if (transport instanceof WebSocketTransport) transport.sessionId = this.sessionId;
-        this.#attach(transport);
-        resolve({ resumed: true });
-      };
-      transport.onclose = (info) => {
-        const refused = refusalError(info.code, info.reason, notice);
-        resolve(refused === null ? { closed: info } : { error: refused });
-      };
-      const payload = { ...this.#hello, resume: { sessionId: this.sessionId, token: this.#resumeToken } };
-      transport.send(envelope(MessageType.INITIALIZE, payload, id)).catch(() => {}); // its close answers
+    const session = { sessionId: this.sessionId, token: this.#resumeToken };
+    return resumeOn(transport, this.#hello, session, (resumeToken) => {
+      this.#resumeToken = resumeToken;
+      if (transport instanceof WebSocketTransport) transport.sessionId = this.sessionId;
+      this.#attach(transport);
     });
   }
 
@@ -921,6 +897,48 @@ export class ABPClient {
     if (this.#transport instanceof WebSocketTransport) this.#transport.sessionId = null;
     this.#emit("close", info);
   }
+}
+
+/**
+ * Resume a session on an open transport: `initialize` with `resume` and the first
+ * initialize's `hello` (agent, features). On success `attach` gets the new resume
+ * token and runs before any later message is read (the results that waited come
+ * next); the initialize-result goes nowhere else.
+ * @param {Transport} transport
+ * @param {Record<string, any>} hello
+ * @param {{sessionId: string | null, token: string | null}} session
+ * @param {(resumeToken: string | null) => void} attach
+ * @returns {Promise<{resumed?: true, error?: WireError, closed?: CloseInfo}>} `error`
+ *   when the app refused the resume or the credential; `closed` when the transport
+ *   closed first for another reason.
+ */
+export function resumeOn(transport, hello, session, attach) {
+  return new Promise((resolve) => {
+    const id = newId();
+    /** @type {WireError | null} */
+    let notice = null;
+    transport.onmessage = (message) => {
+      if (!isRecord(message)) return;
+      if (message.type !== MessageType.INITIALIZE_RESULT || message.id !== id) {
+        notice = refusalNotice(message) ?? notice;
+        return;
+      }
+      const reply = isRecord(message.payload) ? message.payload : {};
+      if (isRecord(reply.error)) {
+        transport.close();
+        resolve({ error: /** @type {WireError} */ (reply.error) });
+        return;
+      }
+      attach(typeof reply.resumeToken === "string" ? reply.resumeToken : null);
+      resolve({ resumed: true });
+    };
+    transport.onclose = (info) => {
+      const refused = refusalError(info.code, info.reason, notice);
+      resolve(refused === null ? { closed: info } : { error: refused });
+    };
+    const payload = { ...hello, resume: { sessionId: session.sessionId, token: session.token } };
+    transport.send(envelope(MessageType.INITIALIZE, payload, id)).catch(() => {}); // its close answers
+  });
 }
 
 /**
