@@ -17,9 +17,11 @@ import pytest
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # not in the stubs
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from django.conf import settings
+from django.utils import timezone
 
 from capabilities.calls import cancellation, local_lane
-from capabilities.models import CancelSource, Job, JobStatus
+from capabilities.calls.lane_heartbeat import LaneHeartbeat
+from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
 from capabilities.work import local_run
 from tests.support.agent import Agent
@@ -180,7 +182,7 @@ def test_a_daphne_that_dies_mid_run_leaves_an_answer_for_a_resume(stack: Stack) 
             agent.call("test.sleep", params, call_id="orphan")
             eventually(Job.objects.filter(session_id=agent.session_id, call_id="orphan").exists)
             web.kill()
-            # The reaper fails it once its heartbeat (its start) is stale: 3 s here.
+            # Its heartbeat stopped with Daphne: the reaper fails it 3 s later here.
             job = eventually(
                 lambda: Job.objects.filter(
                     session_id=agent.session_id, call_id="orphan", status=JobStatus.FAILED
@@ -191,6 +193,36 @@ def test_a_daphne_that_dies_mid_run_leaves_an_answer_for_a_resume(stack: Stack) 
         web.stop()
     assert job.error_code == ErrorCode.WORKER_LOST
     assert job.error_retryable is True
+
+
+@pytest.mark.usefixtures("stack")
+def test_the_lane_heartbeat_keeps_a_job_from_the_reaper_until_it_is_settled() -> None:
+    # Daphne settles a finished run on its one database thread, which may be busy (a
+    # replica taking many resumes at once): the lane's heartbeat thread keeps the job
+    # alive meanwhile, and the stack's reaper fails it only once the beat stops.
+    session = AgentSession.objects.create(agent_name="lane-heartbeat")
+    job = Job.objects.create(
+        session=session,
+        call_id="beating",
+        capability="convert.markdownToHtml",
+        queue="local",
+        worker="local@test:1",
+        status=JobStatus.RUNNING,
+        started_at=timezone.now(),
+        heartbeat_at=timezone.now(),
+    )
+    unsettled = {str(job.pk)}
+    LaneHeartbeat(lambda: list(unsettled)).start()
+    lost_after = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"])
+    time.sleep(1.5 * lost_after + 0.5)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    unsettled.clear()
+    failed = eventually(
+        lambda: Job.objects.filter(pk=job.pk, status=JobStatus.FAILED).first(),
+        timeout=lost_after + 10,
+    )
+    assert failed.error_code == ErrorCode.WORKER_LOST
 
 
 # -- the parts -------------------------------------------------------------------------

@@ -16,9 +16,10 @@ process is free and their agent is within its share, skip Celery:
   a worker's does.
 
 A cancel settles first, as always, then raises the job's abort flag: the lane hears
-it and kills the process running the job (the pool starts another). If Daphne itself dies, the run's
-heartbeat is as old as its start, and the reaper fails it WORKER_LOST once that is
-WORKER_LOST_AFTER_SECONDS old.
+it and kills the process running the job (the pool starts another). Until a run is
+settled, Daphne's lane heartbeat (lane_heartbeat.py) keeps its job's heartbeat fresh;
+if Daphne itself dies, the heartbeat stops, and the reaper fails the job WORKER_LOST
+once it is WORKER_LOST_AFTER_SECONDS old.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from capabilities.calls import params_size
+from capabilities.calls.lane_heartbeat import LaneHeartbeat
 from capabilities.jobs import abort_flags, lifecycle, notes, results
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
@@ -76,6 +78,9 @@ class LocalLane:
         self._pool: Pool | None = None
         self._start_lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
+        # Jobs written to run here and not settled yet (their run may be over).
+        self.unsettled: set[str] = set()
+        self._heartbeat = LaneHeartbeat(lambda: list(self.unsettled))
 
     def start(self) -> None:
         """Start the pool, if the lane is on (blocking: call it off the event loop)."""
@@ -94,6 +99,7 @@ class LocalLane:
                 context=billiard.get_context("forkserver"),
                 enable_timeouts=True,
             )
+            self._heartbeat.start()
         logger.info("Local lane started: %s processes (%s)", processes, self.name)
 
     def takes(self, capability: str, params: dict[str, Any]) -> bool:
@@ -222,6 +228,7 @@ def spawn(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
 
 
 async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
+    _lane.unsettled.add(str(job.id))
     try:
         # The lane's own cap; the call's deadline cancels it as any call's does.
         seconds = float(settings.ABP["LOCAL_LANE_TIME_LIMIT_SECONDS"])
@@ -240,6 +247,8 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
     except Exception:
         # The row stays running; the reaper fails it WORKER_LOST, and its agent hears.
         logger.exception("Local run of job %s failed", job.id)
+    finally:
+        _lane.unsettled.discard(str(job.id))
 
 
 def settle_for_session(job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]) -> None:

@@ -252,6 +252,11 @@ def heartbeat(job_id: str, progress: Progress | None = None) -> None:
     row_updates.update_if(job_id, (JobStatus.RUNNING,), values)
 
 
+def heartbeat_all(job_ids: list[str]) -> None:
+    """The process running these jobs is alive (one statement)."""
+    Job.objects.filter(pk__in=job_ids, status=JobStatus.RUNNING).update(heartbeat_at=timezone.now())
+
+
 def record_progress(job_id: str, progress: Progress) -> None:
     """Write a running job's progress (for the admin)."""
     row_updates.update_if(job_id, (JobStatus.RUNNING,), progress_values(progress))
