@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import redis
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -228,8 +230,6 @@ class Stack:
         self.web.start(lambda: port_open(self.web_port))
         # A new Redis refuses no call for one worker TTL, while workers announce
         # themselves (capabilities/jobs/workers.py): the availability tests need it over.
-        import redis
-
         from capabilities.jobs import workers  # Django is set up by now
         from tests.support.waiting import eventually
 
