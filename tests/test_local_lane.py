@@ -20,7 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from capabilities.calls import cancellation, local_lane
-from capabilities.calls.lane_heartbeat import LaneHeartbeat
+from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
 from capabilities.work import local_run
@@ -211,13 +211,14 @@ def test_the_lane_heartbeat_keeps_a_job_from_the_reaper_until_it_is_settled() ->
         started_at=timezone.now(),
         heartbeat_at=timezone.now(),
     )
-    unsettled = {str(job.pk)}
-    LaneHeartbeat(lambda: list(unsettled)).start()
+    lane = local_lane.LocalLane()
+    lane.unsettled.add(str(job.pk))
+    HeartbeatThread("test-lane-heartbeat", lane.beat).start()
     lost_after = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"])
     time.sleep(1.5 * lost_after + 0.5)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING
-    unsettled.clear()
+    lane.unsettled.clear()
     failed = eventually(
         lambda: Job.objects.filter(pk=job.pk, status=JobStatus.FAILED).first(),
         timeout=lost_after + 10,

@@ -17,7 +17,7 @@ process is free and their agent is within its share, skip Celery:
 
 A cancel settles first, as always, then raises the job's abort flag: the lane hears
 it and kills the process running the job (the pool starts another). Until a run is
-settled, Daphne's lane heartbeat (lane_heartbeat.py) keeps its job's heartbeat fresh;
+settled, the lane's heartbeat thread (jobs/heartbeats.py) keeps its job's heartbeat fresh;
 if Daphne itself dies, the heartbeat stops, and the reaper fails the job WORKER_LOST
 once it is WORKER_LOST_AFTER_SECONDS old.
 """
@@ -44,8 +44,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from capabilities.calls import params_size
-from capabilities.calls.lane_heartbeat import LaneHeartbeat
 from capabilities.jobs import abort_flags, lifecycle, notes, results
+from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import local_run
@@ -78,9 +78,10 @@ class LocalLane:
         self._pool: Pool | None = None
         self._start_lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
-        # Jobs written to run here and not settled yet (their run may be over).
+        # Jobs written to run here and not settled yet (their run may be over): their
+        # settle may wait behind Daphne's busy database thread, but not the heartbeat.
         self.unsettled: set[str] = set()
-        self._heartbeat = LaneHeartbeat(lambda: list(self.unsettled))
+        self._heartbeat = HeartbeatThread("abp-lane-heartbeat", self.beat)
 
     def start(self) -> None:
         """Start the pool, if the lane is on (blocking: call it off the event loop)."""
@@ -101,6 +102,12 @@ class LocalLane:
             )
             self._heartbeat.start()
         logger.info("Local lane started: %s processes (%s)", processes, self.name)
+
+    def beat(self) -> None:
+        """Write the heartbeat of the jobs not settled yet (one statement)."""
+        job_ids = list(self.unsettled)
+        if job_ids:
+            lifecycle.heartbeat_all(job_ids)
 
     def takes(self, capability: str, params: dict[str, Any]) -> bool:
         """Whether this call may run here: its capability, its size, a free process."""

@@ -1,0 +1,41 @@
+"""A heartbeat thread: every third of WORKER_LOST_AFTER_SECONDS, some jobs are alive.
+
+A thread of its own, with its own DB connection, so it keeps beating while the
+thread doing the work is busy: a worker's task deep in a render, Daphne's one
+database thread behind a crowd of resumes. The reaper fails a running job whose
+heartbeat went stale with WORKER_LOST: when the process dies, its beat stops, and
+the job's agent still gets an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+logger = logging.getLogger(__name__)
+
+
+class HeartbeatThread(threading.Thread):
+    """Calls `beat` (which writes heartbeats) every third of WORKER_LOST_AFTER_SECONDS."""
+
+    def __init__(self, name: str, beat: Callable[[], None]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._beat = beat
+
+    def run(self) -> None:
+        interval = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"]) / 3
+        try:
+            while True:
+                time.sleep(interval)
+                try:
+                    close_old_connections()  # one the server dropped is not used again
+                    self._beat()
+                except Exception:
+                    logger.warning("%s: heartbeat not written", self.name, exc_info=True)
+        finally:
+            connection.close()
