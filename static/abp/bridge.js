@@ -37,7 +37,7 @@
  * @module abp/bridge
  */
 
-import { WebSocketTransport, resumeOn } from "./client.js";
+import { WebSocketTransport, keepResuming, resumeOn } from "./client.js";
 import { PageToken } from "./page_token.js";
 import { uploadBinaryInputs, uploadUrl } from "./uploads.js";
 import {
@@ -86,9 +86,6 @@ const loadedAt = Date.now();
  * @property {string} [frame] A cancel's frame: sent again after a resume.
  */
 
-/** The first wait between attempts to resume; it doubles up to RESUME_RETRY_MAX_MS. */
-const RESUME_RETRY_MS = 100;
-const RESUME_RETRY_MAX_MS = 2000;
 
 /**
  * Whether `origin` may talk to this bridge.
@@ -516,51 +513,45 @@ export class Bridge {
       this.#relayed.delete(id);
       this.#toParent(errorReply(relayed.type, id, lost, relayed.callId));
     }
-    const deadline = performance.now() + RESUME_GRACE_MS;
-    let delay = RESUME_RETRY_MS;
-    let expired = false;
-    /** @type {CloseInfo} */
-    let ended = { code: dropped.code, reason: "The session could not be resumed in time." };
-    while (generation === this.#generation && performance.now() < deadline) {
-      let token;
-      try {
-        token = expired ? await this.#token.refresh() : await this.#token.get();
-      } catch (error) {
-        console.warn("ABP bridge: could not get a page token to resume with.", error);
-      }
-      const socket = new WebSocketTransport(this.#endpoint(), token);
-      const outcome = await this.#handshake(socket);
-      if (generation !== this.#generation) {
-        socket.close("parent left");
-        return;
-      }
-      if (outcome.resumed) {
-        this.#resuming = false;
-        this.#socket = socket; // listened to since the handshake
-        this.#unheard = null;
-        const cancels = [...this.#relayed.values()].flatMap((relayed) => (relayed.frame ? [relayed.frame] : []));
-        const queued = this.#queue;
-        this.#queue = [];
-        for (const text of [...cancels, ...queued]) this.#send(socket, text);
-        return;
-      }
-      if (outcome.error !== undefined) {
-        const wire = outcome.error;
-        if (expired || !isExpiredRefusal(wire)) {
-          const closeCode = wire.details?.closeCode;
-          ended =
-            wire.code === ErrorCode.PERMISSION_DENIED && typeof closeCode === "number"
-              ? { code: closeCode, reason: wire.details?.reason } // answered PERMISSION_DENIED
-              : { code: dropped.code, reason: `${wire.code}: ${wire.message}` };
-          break;
+    /** @type {WebSocketTransport | null} */
+    let resumedOn = null;
+    const outcome = await keepResuming(
+      async ({ expired }) => {
+        let token;
+        try {
+          token = expired ? await this.#token.refresh() : await this.#token.get();
+        } catch (error) {
+          console.warn("ABP bridge: could not get a page token to resume with.", error);
         }
-        expired = true;
-      }
-      await new Promise((resolve) => setTimeout(resolve, Math.max(0, Math.min(delay, deadline - performance.now()))));
-      delay = Math.min(delay * 2, RESUME_RETRY_MAX_MS);
-    }
+        const socket = new WebSocketTransport(this.#endpoint(), token);
+        const tried = await this.#handshake(socket);
+        if (generation !== this.#generation) socket.close("parent left");
+        else if (tried.resumed) resumedOn = socket;
+        return tried;
+      },
+      RESUME_GRACE_MS,
+      () => generation !== this.#generation,
+    );
     if (generation !== this.#generation) return;
     this.#resuming = false;
+    if (resumedOn !== null) {
+      this.#socket = resumedOn; // listened to since the handshake
+      this.#unheard = null;
+      const cancels = [...this.#relayed.values()].flatMap((relayed) => (relayed.frame ? [relayed.frame] : []));
+      const queued = this.#queue;
+      this.#queue = [];
+      for (const text of [...cancels, ...queued]) this.#send(resumedOn, text);
+      return;
+    }
+    const wire = outcome.error;
+    const closeCode = wire?.details?.closeCode;
+    /** @type {CloseInfo} */
+    const ended =
+      wire === undefined
+        ? { code: dropped.code, reason: `The session could not be resumed: ${outcome.why}.` }
+        : wire.code === ErrorCode.PERMISSION_DENIED && typeof closeCode === "number"
+          ? { code: closeCode, reason: wire.details?.reason } // answered PERMISSION_DENIED
+          : { code: dropped.code, reason: `${wire.code}: ${wire.message}` };
     this.#sessionId = null;
     this.#resumeToken = null;
     this.#settle(ended);

@@ -800,55 +800,32 @@ export class ABPClient {
    */
   async #resumeSession(dropped) {
     const resumer = /** @type {Resumer} */ (this.#resumer);
-    const deadline = performance.now() + resumer.graceMs;
-    let delay = RESUME_RETRY_MS;
-    let expired = false;
-    let why = "the grace period ended";
-    /** @type {WireError | null} */
-    let refused = null;
-    while (!this.#closed && performance.now() < deadline) {
-      try {
-        const transport = await resumer.reopen({ expired });
+    const outcome = await keepResuming(
+      async (asked) => {
+        const transport = await resumer.reopen(asked);
         this.#candidate = transport;
-        const outcome = await this.#handshake(transport);
-        this.#candidate = null;
-        if (this.#closed) {
-          transport.close();
-          return;
+        try {
+          return await this.#handshake(transport);
+        } finally {
+          this.#candidate = null;
+          if (this.#closed) transport.close();
         }
-        if (outcome.resumed) {
-          for (const pending of [...this.#pending.values()]) if (pending.frame) this.#send(pending.frame);
-          this.#emit("resume", { sessionId: this.sessionId, dropped });
-          return;
-        }
-        if (outcome.error !== undefined) {
-          if (expired || !isExpiredRefusal(outcome.error)) {
-            refused = outcome.error;
-            break;
-          }
-          expired = true; // once more, with a fresh token
-          continue;
-        }
-        why = `the new connection closed (${outcome.closed?.code})`;
-      } catch (error) {
-        this.#candidate = null;
-        const wire = error instanceof ABPError ? wireError(error.code, error.message, error.details) : null;
-        if (wire !== null && wire.code === ErrorCode.PERMISSION_DENIED && (expired || !isExpiredRefusal(wire))) {
-          refused = wire;
-          break;
-        }
-        expired = isExpiredRefusal(wire);
-        why = wire?.message ?? String(error);
-      }
-      await new Promise((resolve) => setTimeout(resolve, Math.max(0, Math.min(delay, deadline - performance.now()))));
-      delay = Math.min(delay * 2, RESUME_RETRY_MAX_MS);
-    }
+      },
+      resumer.graceMs,
+      () => this.#closed,
+    );
     if (this.#closed) return;
+    if (outcome.resumed) {
+      for (const pending of [...this.#pending.values()]) if (pending.frame) this.#send(pending.frame);
+      this.#emit("resume", { sessionId: this.sessionId, dropped });
+      return;
+    }
+    const refused = outcome.error;
     if (refused?.code === ErrorCode.PERMISSION_DENIED) {
       this.#transportClosed(dropped, undefined, refused);
       return;
     }
-    const reason = refused === null ? why : `${refused.code}: ${refused.message}`;
+    const reason = refused === undefined ? outcome.why : `${refused.code}: ${refused.message}`;
     const message = `The connection closed (${dropped.code}) and the session could not be resumed: ${reason}.`;
     this.#transportClosed(dropped, undefined, wireError(ErrorCode.DISCONNECTED, message));
   }
@@ -897,6 +874,45 @@ export class ABPClient {
     if (this.#transport instanceof WebSocketTransport) this.#transport.sessionId = null;
     this.#emit("close", info);
   }
+}
+
+/**
+ * Try `attempt` until it resumes a session, the app refuses it, `graceMs` passes, or
+ * `stopped()`: at once, then after RESUME_RETRY_MS, doubling up to
+ * RESUME_RETRY_MAX_MS. A credential refused as expired is tried once more at once,
+ * with `expired: true` (a page token: get a fresh one). A try that throws (no socket
+ * opened) counts as failed; one that throws PERMISSION_DENIED, as refused.
+ * @param {(asked: {expired: boolean}) => Promise<{resumed?: true, error?: WireError, closed?: CloseInfo}>} attempt
+ * @param {number} graceMs
+ * @param {() => boolean} stopped
+ * @returns {Promise<{resumed?: true, error?: WireError, why?: string}>} `error`: the
+ *   refusal; `why`: why nothing worked.
+ */
+export async function keepResuming(attempt, graceMs, stopped) {
+  const deadline = performance.now() + graceMs;
+  let delay = RESUME_RETRY_MS;
+  let expired = false;
+  let why = "the grace period ended";
+  while (!stopped() && performance.now() < deadline) {
+    /** @type {{resumed?: true, error?: WireError, closed?: CloseInfo}} */
+    let outcome;
+    try {
+      outcome = await attempt({ expired });
+    } catch (error) {
+      const wire = error instanceof ABPError ? wireError(error.code, error.message, error.details) : null;
+      outcome = wire?.code === ErrorCode.PERMISSION_DENIED ? { error: wire } : { closed: { reason: wire?.message ?? String(error) } };
+    }
+    if (stopped() || outcome.resumed) return outcome;
+    if (outcome.error !== undefined) {
+      if (expired || !isExpiredRefusal(outcome.error)) return { error: outcome.error };
+      expired = true;
+      continue;
+    }
+    why = outcome.closed?.reason || `the new connection closed (${outcome.closed?.code})`;
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, Math.min(delay, deadline - performance.now()))));
+    delay = Math.min(delay * 2, RESUME_RETRY_MAX_MS);
+  }
+  return { why };
 }
 
 /**
