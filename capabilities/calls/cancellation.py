@@ -18,6 +18,9 @@ import uuid
 from collections.abc import Awaitable
 from datetime import datetime
 
+from channels.db import database_sync_to_async
+
+from capabilities.calls.background import Background
 from capabilities.jobs import abort_flags, dispatch, notes, queue
 from capabilities.jobs.lifecycle import Outcome, record_stopped, settle
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job
@@ -56,6 +59,26 @@ async def stop_work_async(job_id: str) -> Awaitable[None]:
         # reaper kills it (a cancelled job whose worker has not stopped).
         logger.exception("Could not raise the abort flag of job %s", job_id)
     return asyncio.get_running_loop().run_in_executor(None, queue.revoke, job_id)
+
+
+async def cancel_for_caller(job: Job, source: CancelSource, reason: str = "") -> bool:
+    """Settle the caller's own call as cancelled, then stop the work; True if it won.
+
+    The caller answers at once (its response claimed in the same write); the
+    revoke finishes in the background.
+    """
+    job_id = str(job.id)
+    won: dict[str, bool] = await database_sync_to_async(settle_cancelled)(
+        [job_id], source, reason, delivered=True
+    )
+    if won[job_id]:
+        revoke = await stop_work_async(job_id)
+        _BACKGROUND.run(revoke)
+    return won[job_id]
+
+
+# Revokes of cancels this process settled, until they are out.
+_BACKGROUND = Background()
 
 
 def cancel(job_id: uuid.UUID | str, *, source: CancelSource, reason: str = "") -> bool:

@@ -28,8 +28,8 @@ from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods
 
-from capabilities.calls import budgets, call_watch, start
-from capabilities.mcp_door import sdk_seams, sessions, task_rows, tool_calls, tools
+from capabilities.calls import budgets, cancellation, start
+from capabilities.mcp_door import call_watch, sdk_seams, sessions, task_rows, tool_calls, tools
 from capabilities.models import CancelSource, Job
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
@@ -172,7 +172,9 @@ async def cancel_task(
 ) -> types.CancelTaskResult:
     """`tasks/cancel`: settled as cancelled (source agent) before the answer; -32602 if it ended."""
     job = await _own_task(ctx, params.task_id)
-    if job.is_active and await call_watch.cancel_for_caller(job, CancelSource.AGENT, CANCEL_REASON):
+    if job.is_active and await cancellation.cancel_for_caller(
+        job, CancelSource.AGENT, CANCEL_REASON
+    ):
         cancelled = await _own_task(ctx, params.task_id)
         return types.CancelTaskResult.model_validate(task_rows.task_of(cancelled).model_dump())
     ended = task_rows.task_of(await _own_task(ctx, params.task_id))

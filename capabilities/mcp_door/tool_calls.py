@@ -22,8 +22,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, call_watch, start
-from capabilities.mcp_door import sessions, tools
+from capabilities.calls import budgets, cancellation, start
+from capabilities.mcp_door import call_watch, sessions, tools
 from capabilities.models import CancelSource, Job
 from capabilities.protocol import responses
 from capabilities.work import registry
@@ -79,7 +79,7 @@ async def _run(
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 source = _cancel_source(session_id)
-                await call_watch.cancel_for_caller(job, source, "MCP request cancelled")
+                await cancellation.cancel_for_caller(job, source, "MCP request cancelled")
             raise
     return tools.tool_result(response)
 
@@ -91,7 +91,7 @@ async def _ended_by_us(
     ctx: ServerRequestContext[Any, Any],
 ) -> dict[str, Any]:
     """Settle the call as cancelled by `source`; if it settled first, its own outcome."""
-    if await call_watch.cancel_for_caller(job, source, "deadline passed"):
+    if await cancellation.cancel_for_caller(job, source, "deadline passed"):
         elapsed = int((timezone.now() - job.created_at).total_seconds() * 1000)
         error = responses.cancelled_error(source)
         return responses.failed(job.call_id, error, elapsed, cancelled=True)

@@ -1,4 +1,4 @@
-"""Waiting on one call from a door that has no consumer of its own (MCP, JSON-RPC).
+"""Waiting on one call from the MCP door, which has no consumer of its own.
 
 The watcher joins its session's channel-layer group on a channel of its own before
 the job exists, so no note can slip past: progress and the settle reach it as
@@ -17,10 +17,9 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from capabilities.calls import cancellation, session_records
-from capabilities.calls.background import Background
+from capabilities.calls import session_records
 from capabilities.jobs.notes import Note
-from capabilities.models import CancelSource, Job, session_group
+from capabilities.models import Job, session_group
 
 # A call with no note for this long looks in the database for its outcome.
 QUIET_SECONDS = 5.0
@@ -104,26 +103,6 @@ async def watching(session_id: str) -> AsyncIterator[CallWatch]:
         yield CallWatch(session_id, channel)
     finally:
         await layer.group_discard(group, channel)
-
-
-async def cancel_for_caller(job: Job, source: CancelSource, reason: str = "") -> bool:
-    """Settle the caller's own call as cancelled, then stop the work; True if it won.
-
-    The caller answers at once (its response claimed in the same write); the
-    revoke finishes in the background.
-    """
-    job_id = str(job.id)
-    won: dict[str, bool] = await database_sync_to_async(cancellation.settle_cancelled)(
-        [job_id], source, reason, delivered=True
-    )
-    if won[job_id]:
-        revoke = await cancellation.stop_work_async(job_id)
-        _BACKGROUND.run(revoke)
-    return won[job_id]
-
-
-# Revokes of cancels this process settled, until they are out.
-_BACKGROUND = Background()
 
 
 def _progress_of(note: Note) -> Progress:
