@@ -41,7 +41,6 @@ from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from billiard.pool import Pool
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.utils import timezone
 
 from capabilities.calls import params_size
 from capabilities.jobs import abort_flags, lifecycle, notes, results
@@ -246,8 +245,7 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
         outcome = outcome_of(answer)
         if "traceback" in answer:
             logger.error("Job %s crashed in the local lane:\n%s", job.id, answer["traceback"])
-        duration = int((timezone.now() - job.created_at).total_seconds() * 1000)
-        response = results.outcome_response(job.call_id, outcome, duration)
+        response = results.outcome_response(job, outcome)
         if deliver is not None and await deliver(job, outcome, response):
             return
         await database_sync_to_async(settle_for_session)(job, outcome, response)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -45,13 +46,17 @@ def call_response(
     )
 
 
-def outcome_response(call_id: str, outcome: Outcome, duration: int) -> dict[str, Any]:
-    """The ABPResponse of an outcome this process just settled (no DB read).
+def outcome_response(job: Job, outcome: Outcome) -> dict[str, Any]:
+    """The ABPResponse of an outcome this process settles now (no DB read).
 
     Result files are not inlined here: see `inline_response`.
     """
     return _response(
-        call_id, outcome.status, data=outcome.result or {}, error=outcome.error, duration=duration
+        job.call_id,
+        outcome.status,
+        data=outcome.result or {},
+        error=outcome.error,
+        duration=duration_ms(job, settled_at=timezone.now()),
     )
 
 
@@ -59,8 +64,7 @@ def inline_response(job: Job, outcome: Outcome) -> dict[str, Any] | None:
     """The response of a job the worker just settled, if small and file-free."""
     if outcome.result is not None and any(_is_file_ref(v) for v in outcome.result.values()):
         return None
-    elapsed = int((timezone.now() - job.created_at).total_seconds() * 1000)
-    response = outcome_response(job.call_id, outcome, elapsed)
+    response = outcome_response(job, outcome)
     if len(json.dumps(response)) > NOTE_RESPONSE_MAX_BYTES:
         return None
     return response
@@ -90,11 +94,16 @@ def job_error(job: Job) -> WireError:
     )
 
 
-def duration_ms(job: Job) -> int:
-    """Milliseconds from the call to its outcome."""
-    if job.settled_at is None:
+def duration_ms(job: Job, *, settled_at: datetime | None = None) -> int:
+    """Milliseconds from the call to its outcome: a call-result's `metadata.duration`.
+
+    `settled_at`: when the outcome was decided, for one this process settles now
+    (`timezone.now()`); by default the job's own `settled_at`, 0 while it has none.
+    """
+    end = job.settled_at if settled_at is None else settled_at
+    if end is None:
         return 0
-    return max(0, int((job.settled_at - job.created_at).total_seconds() * 1000))
+    return max(0, int((end - job.created_at).total_seconds() * 1000))
 
 
 def materialize(job: Job, *, base_url: str, inline_max_bytes: int | None = None) -> dict[str, Any]:
