@@ -43,7 +43,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from capabilities.calls import params_size
-from capabilities.jobs import abort_flags, lifecycle, notes, results
+from capabilities.jobs import abort_flags, finished, lifecycle, results
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
@@ -248,20 +248,12 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
         response = results.outcome_response(job, outcome)
         if deliver is not None and await deliver(job, outcome, response):
             return
-        await database_sync_to_async(settle_for_session)(job, outcome, response)
+        await database_sync_to_async(finished.settle_and_tell)(job, outcome, response)
     except Exception:
         # The row stays running; the reaper fails it WORKER_LOST, and its agent hears.
         logger.exception("Local run of job %s failed", job.id)
     finally:
         _lane.unsettled.discard(str(job.id))
-
-
-def settle_for_session(job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]) -> None:
-    """Settle a run no connection here answers: the session's connection hears of it."""
-    if lifecycle.settle(job.id, outcome, work_stopped=True):
-        notes.notify(str(job.session_id), notes.job_settled(job.call_id, response))
-    else:
-        lifecycle.record_stopped(job.id)
 
 
 def outcome_of(answer: dict[str, Any]) -> lifecycle.Outcome:

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from capabilities.jobs import dispatch, inputs, lifecycle, notes, results
+from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
@@ -140,9 +140,8 @@ def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
     if job is None:
         logger.info("Job %s is no longer queued; skipped", job_id)
         return
-    session_id = str(job.session_id)
     if job.notify_started:
-        notes.notify(session_id, notes.job_started(job.call_id))
+        notes.notify(str(job.session_id), notes.job_started(job.call_id))
     context = _running = WorkerContext(job, interrupter)
     try:
         outcome = _run(job, context, interrupter)
@@ -156,11 +155,7 @@ def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
         outcome = lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
     finally:
         inputs.discard(job_id, job.spilled)
-    if lifecycle.settle(job_id, outcome, work_stopped=True):
-        response = results.inline_response(job, outcome)
-        notes.notify(session_id, notes.job_settled(job.call_id, response))
-    else:
-        lifecycle.record_stopped(job_id)
+    if not finished.settle_and_tell(job, outcome, results.inline_response(job, outcome)):
         context.discard_files()
 
 

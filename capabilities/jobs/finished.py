@@ -1,0 +1,27 @@
+"""Work that finished: settle its job, then tell its session. The worker and the local lane.
+
+The settle is the conditional one of `lifecycle.settle`, recording in the same write
+that the work stopped. Its winner tells the session's group (`job.settled`), whose
+connection answers the agent; a loser (a cancel, a timeout or the reaper got there
+first, and told the session itself) only records when the work stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capabilities.jobs import lifecycle, notes
+from capabilities.models import Job
+
+
+def settle_and_tell(job: Job, outcome: lifecycle.Outcome, response: dict[str, Any] | None) -> bool:
+    """Settle finished work and tell the session; False if something settled it first.
+
+    `response`: the call's ABPResponse for the note, or None for the connection to
+    read it from the database (files, large results).
+    """
+    if lifecycle.settle(job.id, outcome, work_stopped=True):
+        notes.notify(str(job.session_id), notes.job_settled(job.call_id, response))
+        return True
+    lifecycle.record_stopped(job.id)
+    return False
