@@ -231,30 +231,22 @@ def test_the_lane_heartbeat_keeps_a_job_from_the_reaper_until_it_is_settled() ->
 
 def test_a_run_answers_data_or_a_coded_error() -> None:
     local_run.prepare(0, ["convert.markdownToHtml"])
-    assert local_run.run("convert.markdownToHtml", SMALL)["data"]["html"].startswith("<h1>")
+    ran = local_run.run("convert.markdownToHtml", SMALL)
+    assert ran.data is not None
+    assert ran.data["html"].startswith("<h1>")
     refused = local_run.run("convert.markdownToHtml", {"markdown": "- " * 3000 + "x"})
-    assert refused["error"]["code"] == ErrorCode.INVALID_PARAMS
-    assert local_run.run("no.such", {})["error"]["code"] == ErrorCode.UNKNOWN_CAPABILITY
+    assert refused.error is not None
+    assert refused.error.code == ErrorCode.INVALID_PARAMS
+    unknown = local_run.run("no.such", {}).error
+    assert unknown is not None
+    assert unknown.code == ErrorCode.UNKNOWN_CAPABILITY
     crashed = local_run.run("test.sleep", {"mode": "crash", "steps": 0})
-    assert crashed["error"]["code"] == ErrorCode.OPERATION_FAILED
-    assert "asked to crash" in crashed["traceback"]
+    assert crashed.error is not None
+    assert crashed.error.code == ErrorCode.OPERATION_FAILED
+    assert crashed.crashed
+    assert "asked to crash" in crashed.traceback
     with pytest.raises(Exception, match="cannot run in the local lane"):
         local_run.NoJob().save_file(b"", mime_type="x/y", filename="f")
-
-
-def test_answers_become_outcomes() -> None:
-    assert local_lane.outcome_of({"data": {"a": 1}}).status == JobStatus.SUCCEEDED
-    timeout = local_lane.outcome_of({"timeout": True})
-    assert timeout.cancel_source == CancelSource.TIMEOUT
-    assert timeout.error is not None
-    assert timeout.error.code == ErrorCode.TIMEOUT
-    lost = local_lane.outcome_of({"lost": True})
-    assert lost.error is not None
-    assert (lost.error.code, lost.error.retryable) == (ErrorCode.WORKER_LOST, True)
-    failed = local_lane.outcome_of(
-        {"error": {"code": "INVALID_PARAMS", "message": "no", "details": None}, "traceback": "t"}
-    )
-    assert (failed.status, failed.traceback) == (JobStatus.FAILED, "t")
 
 
 def test_pool_failures_are_a_timeout_or_a_lost_process() -> None:
@@ -264,8 +256,18 @@ def test_pool_failures_are_a_timeout_or_a_lost_process() -> None:
 
         return Info()
 
-    assert local_lane._failure(wrapped(TimeLimitExceeded(1.5))) == {"timeout": True}
-    assert local_lane._failure(wrapped(WorkerLostError("gone"))) == {"lost": True}
+    timeout = local_lane._failure(wrapped(TimeLimitExceeded(1.5)))
+    assert (timeout.status, timeout.cancel_source) == (JobStatus.CANCELLED, CancelSource.TIMEOUT)
+    assert timeout.error is not None
+    assert timeout.error.code == ErrorCode.TIMEOUT
+    assert timeout.cancel_reason == "local lane time limit"
+    lost = local_lane._failure(wrapped(WorkerLostError("gone")))
+    assert lost.error is not None
+    assert (lost.status, lost.error.code, lost.error.retryable) == (
+        JobStatus.FAILED,
+        ErrorCode.WORKER_LOST,
+        True,
+    )
 
 
 def test_the_lane_takes_only_its_capabilities_small_params_and_while_it_has_room() -> None:

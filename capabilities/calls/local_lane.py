@@ -47,7 +47,7 @@ from capabilities.jobs import abort_flags, finished, lifecycle, results
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
-from capabilities.work import local_run
+from capabilities.work import local_run, runs
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class _Run:
     """One run handed to the pool: its answer (None: stopped), and its process."""
 
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[dict[str, Any] | None]
+    future: asyncio.Future[lifecycle.Outcome | None]
     pid: int | None = None
     stopped: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -124,8 +124,8 @@ class LocalLane:
 
     def run(
         self, job_id: str, capability: str, params: dict[str, Any], seconds: float
-    ) -> asyncio.Future[dict[str, Any] | None]:
-        """Hand the run to the pool (from the event loop); its answer, None if stopped."""
+    ) -> asyncio.Future[lifecycle.Outcome | None]:
+        """Hand the run to the pool (from the event loop); its outcome, None if stopped."""
         assert self._pool is not None
         loop = asyncio.get_running_loop()
         run = _Run(loop=loop, future=loop.create_future())
@@ -142,7 +142,9 @@ class LocalLane:
         self._pool.apply_async(
             local_run.run,
             (capability, params),
-            callback=lambda answer: loop.call_soon_threadsafe(_resolve, run.future, answer),
+            callback=lambda ran: loop.call_soon_threadsafe(
+                _resolve, run.future, _outcome(job_id, ran)
+            ),
             error_callback=lambda info: loop.call_soon_threadsafe(
                 _resolve, run.future, _failure(info)
             ),
@@ -238,13 +240,10 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
     try:
         # The lane's own cap; the call's deadline cancels it as any call's does.
         seconds = float(settings.ABP["LOCAL_LANE_TIME_LIMIT_SECONDS"])
-        answer = await _lane.run(str(job.id), job.capability, params, seconds)
-        if answer is None:  # stopped: whoever stopped it settled it first
+        outcome = await _lane.run(str(job.id), job.capability, params, seconds)
+        if outcome is None:  # stopped: whoever stopped it settled it first
             await database_sync_to_async(lifecycle.record_stopped)(job.id)
             return
-        outcome = outcome_of(answer)
-        if "traceback" in answer:
-            logger.error("Job %s crashed in the local lane:\n%s", job.id, answer["traceback"])
         response = results.outcome_response(job, outcome)
         if deliver is not None and await deliver(job, outcome, response):
             return
@@ -256,43 +255,32 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
         _lane.unsettled.discard(str(job.id))
 
 
-def outcome_of(answer: dict[str, Any]) -> lifecycle.Outcome:
-    """The outcome a run's answer stands for."""
-    if "data" in answer:
-        return lifecycle.Outcome.succeeded(answer["data"])
-    if answer.get("timeout"):
-        return lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "local lane time limit")
-    if answer.get("lost"):
-        return lifecycle.Outcome.failed(
-            WireError(
-                code=ErrorCode.WORKER_LOST,
-                message="The process running this call stopped unexpectedly; it can be retried.",
-                retryable=True,
-            )
-        )
-    error = answer["error"]
-    return lifecycle.Outcome.failed(
-        WireError(
-            code=error["code"],
-            message=error["message"],
-            details=error.get("details"),
-            retryable=bool(error.get("retryable")),
-        ),
-        traceback=answer.get("traceback", ""),
-    )
+def _outcome(job_id: str, ran: runs.Ran) -> lifecycle.Outcome:
+    """The outcome of a run its process finished."""
+    if ran.crashed:
+        logger.error("Job %s crashed in the local lane:\n%s", job_id, ran.traceback)
+    return lifecycle.Outcome.of_run(ran)
 
 
-def _failure(info: Any) -> dict[str, Any]:
+def _failure(info: Any) -> lifecycle.Outcome:
     """A run the pool could not finish: past its time limit, or its process died."""
     wrapped = getattr(info, "exception", info)
     error = getattr(wrapped, "exc", wrapped)
     if isinstance(error, TimeLimitExceeded):
-        return {"timeout": True}
+        return lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "local lane time limit")
     if not isinstance(error, WorkerLostError):
         logger.error("The local lane could not run a job: %r", error)
-    return {"lost": True}
+    return lifecycle.Outcome.failed(
+        WireError(
+            code=ErrorCode.WORKER_LOST,
+            message="The process running this call stopped unexpectedly; it can be retried.",
+            retryable=True,
+        )
+    )
 
 
-def _resolve(future: asyncio.Future[dict[str, Any] | None], answer: dict[str, Any] | None) -> None:
+def _resolve(
+    future: asyncio.Future[lifecycle.Outcome | None], outcome: lifecycle.Outcome | None
+) -> None:
     if not future.done():
-        future.set_result(answer)
+        future.set_result(outcome)

@@ -22,6 +22,7 @@ from capabilities.jobs import dispatch, events, inputs, notes, queue, row_update
 from capabilities.jobs.slot_counts import SlotCounts
 from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import WireError, responses
+from capabilities.work.runs import Ran
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,14 @@ class Outcome:
     def failed(cls, error: WireError, *, traceback: str = "") -> Outcome:
         """An error; the traceback stays in the DB, never goes on the wire."""
         return cls(status=JobStatus.FAILED, error=error, traceback=traceback)
+
+    @classmethod
+    def of_run(cls, ran: Ran) -> Outcome:
+        """What a runner's run came to (work/runs.py): its result, or its error."""
+        if ran.error is not None:
+            return cls.failed(ran.error, traceback=ran.traceback)
+        assert ran.data is not None
+        return cls.succeeded(ran.data)
 
     @classmethod
     def cancelled(cls, source: CancelSource, reason: str = "") -> Outcome:

@@ -3,18 +3,17 @@
 The lane's processes are forked from a clean fork server, not from Daphne, and run
 one capability at a time. A run has no job context of its own: no checkpoints (the
 lane kills the process to stop it), no progress, no files (the lane only takes
-capabilities whose results are JSON). What comes back is plain data, pickled to
-Daphne: the runner's `data`, or a coded error.
+capabilities whose results are JSON). What comes back is a `runs.Ran`, plain data
+pickled to Daphne: the runner's `data`, or a coded error.
 """
 
 from __future__ import annotations
 
 import resource
-import traceback
 from typing import Any
 
 from capabilities.protocol import ErrorCode
-from capabilities.work import registry
+from capabilities.work import registry, runs
 from capabilities.work.context import CapabilityError
 
 MIB = 1024 * 1024
@@ -51,24 +50,6 @@ class NoJob:
         )
 
 
-def run(capability: str, params: dict[str, Any]) -> dict[str, Any]:
-    """`{"data": ...}`, or `{"error": {code, message, details, retryable}, "traceback"?}`."""
-    spec = registry.get(capability)
-    if spec is None:
-        return _error(ErrorCode.UNKNOWN_CAPABILITY, "Capability no longer exists.")
-    try:
-        return {"data": spec.load_runner()(params, NoJob())}
-    except CapabilityError as exc:
-        return _error(exc.code, exc.message, details=exc.details, retryable=exc.retryable)
-    except MemoryError as exc:
-        traceback.clear_frames(exc.__traceback__)
-        return _error(ErrorCode.OPERATION_FAILED, "The operation ran out of memory.")
-    except Exception:
-        failed = _error(ErrorCode.OPERATION_FAILED, "The operation failed; the error was recorded.")
-        return {**failed, "traceback": traceback.format_exc()}
-
-
-def _error(
-    code: str, message: str, *, details: dict[str, Any] | None = None, retryable: bool = False
-) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "details": details, "retryable": retryable}}
+def run(capability: str, params: dict[str, Any]) -> runs.Ran:
+    """The runner's data, or the coded error it came to (plain data, pickled to Daphne)."""
+    return runs.run(capability, params, NoJob())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -19,9 +18,8 @@ from django.core.files.storage import default_storage
 
 from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job
-from capabilities.protocol import ErrorCode, WireError
-from capabilities.work import registry
-from capabilities.work.context import CapabilityError, JobAborted
+from capabilities.work import runs
+from capabilities.work.context import JobAborted
 from capabilities.worker import memory_limit
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
@@ -160,39 +158,20 @@ def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
 
 
 def _run(job: Job, context: WorkerContext, interrupter: Interrupter) -> lifecycle.Outcome:
-    spec = registry.get(job.capability)
-    if spec is None:  # the registry changed under a queued job
-        return lifecycle.Outcome.failed(
-            WireError(code=ErrorCode.UNKNOWN_CAPABILITY, message="Capability no longer exists.")
-        )
-    runner = spec.load_runner()
-    params = inputs.restore(str(job.id), job.params, job.spilled)
-    try:
-        data = interrupter.run(lambda: runner(params, context))
-    except CapabilityError as exc:
-        return lifecycle.Outcome.failed(
-            WireError(
-                code=exc.code, message=exc.message, details=exc.details, retryable=exc.retryable
-            )
-        )
-    except (JobAborted, SoftTimeLimitExceeded):
-        raise
-    except MemoryError as exc:
-        # The child reached its memory ceiling. Free what the runner's frames hold
-        # before formatting anything; the child is replaced after this task.
-        traceback.clear_frames(exc.__traceback__)
+    ran = runs.run(
+        job.capability,
+        inputs.restore(str(job.id), job.params, job.spilled),
+        context,
+        within=interrupter.run,
+        passing=(SoftTimeLimitExceeded,),
+        out_of_memory=memory_limit.error(),
+    )
+    if ran.out_of_memory:
+        # The child reached its memory ceiling: it is replaced after this task.
         memory_limit.mark_exhausted()
         logger.warning("Job %s ran out of memory (limit %s MiB)", job.id, memory_limit.limit_mb())
-        return lifecycle.Outcome.failed(memory_limit.error(), traceback=traceback.format_exc())
-    except Exception:
-        logger.exception("Job %s crashed", job.id)
-        return lifecycle.Outcome.failed(
-            WireError(
-                code=ErrorCode.OPERATION_FAILED,
-                message="The operation failed; the error was recorded.",
-            ),
-            traceback=traceback.format_exc(),
-        )
+    elif ran.crashed:
+        logger.error("Job %s crashed\n%s", job.id, ran.traceback.rstrip())
     # A cancel that landed after the runner returned is honoured by settle(), which
     # it lost to; the flag only matters for work still to do.
-    return lifecycle.Outcome.succeeded(data)
+    return lifecycle.Outcome.of_run(ran)
