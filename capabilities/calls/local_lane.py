@@ -35,15 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import billiard
-import redis
-import redis.asyncio
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from billiard.pool import Pool
 from channels.db import database_sync_to_async
 from django.conf import settings
 
 from capabilities.calls import params_size
-from capabilities.jobs import abort_flags, finished, lifecycle, results
+from capabilities.jobs import abort_listener, finished, lifecycle, results
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
@@ -195,34 +193,10 @@ def start_soon() -> None:
     global _starting, _watching  # noqa: PLW0603 - one lane per process
     if _starting is None and int(settings.ABP["LOCAL_LANE_PROCESSES"]) > 0:
         _starting = asyncio.get_running_loop().run_in_executor(None, _lane.start)
-        _watching = asyncio.create_task(_watch_abort_flags())
-
-
-async def _watch_abort_flags() -> None:
-    """Kill a run here when its job's abort flag goes up, whoever raised it, wherever.
-
-    The same signal the workers' watchers hear (capabilities/worker/interrupter.py):
-    every cancel raises it after its settle won, so an agent's, an operator's in
-    another process and the reaper's timeout all reach the run the same way.
-    """
-    while True:
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.subscribe(abort_flags.channel())
-            # A flag raised while we were not subscribed was not heard: look at them.
-            for job_id in list(_lane.running()):
-                if await client.exists(abort_flags.abort_key(job_id)):
-                    _lane.stop(job_id)
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    _lane.stop(message["data"].decode())
-        except (redis.RedisError, OSError):
-            logger.warning("The local lane lost Redis; listening again", exc_info=True)
-            await asyncio.sleep(0.5)
-        finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await client.aclose()
+        # Kill a run here when its job's abort flag goes up, whoever raised it,
+        # wherever: the signal the workers hear, raised by every cancel that won.
+        listener = abort_listener.AbortListener("local lane", _lane.running, _lane.stop)
+        _watching = asyncio.create_task(abort_listener.listen(listener))
 
 
 _tasks: set[asyncio.Task[None]] = set()

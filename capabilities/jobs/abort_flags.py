@@ -1,12 +1,13 @@
 """Abort flags: the one place they are raised, and read.
 
 A flag is a Redis key per job (`<prefix><job id>`, TTL longer than any job's life)
-plus a publish on one channel, so running workers hear it at once (their watcher:
-capabilities/worker/interrupter.py). A queued task whose flag is up never starts.
+plus a publish on one channel, so running work hears of it at once (the listeners
+of abort_listener.py, in the workers and the local lane).
 """
 
 from __future__ import annotations
 
+import redis.asyncio
 from django.conf import settings
 
 from capabilities import redis_pool
@@ -46,3 +47,8 @@ async def raise_flag_async(job_id: str) -> None:
 def is_raised(job_id: str) -> bool:
     """Whether a job's abort flag is up (one Redis round trip: not for checkpoints)."""
     return bool(redis_pool.sync_client().exists(abort_key(job_id)))
+
+
+async def is_raised_async(job_id: str, client: redis.asyncio.Redis) -> bool:
+    """`is_raised` from an event loop, on `client`."""
+    return bool(await client.exists(abort_key(job_id)))

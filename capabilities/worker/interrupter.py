@@ -1,9 +1,10 @@
 """Stopping a job's work in the worker when its abort flag goes up.
 
 Flags are raised by capabilities/jobs/abort_flags.py. A worker never
-polls Redis at checkpoints: a watcher thread subscribed to the channel sets an
-in-process flag, and raises `JobAborted` into the task's thread for code without
-checkpoints (the way Celery's SIGUSR1 soft time limit raises into a task).
+polls Redis at checkpoints: a watcher thread subscribed to the channel (the sync
+face of capabilities/jobs/abort_listener.py) sets an in-process flag, and raises
+`JobAborted` into the task's thread for code without checkpoints (the way Celery's
+SIGUSR1 soft time limit raises into a task).
 """
 
 from __future__ import annotations
@@ -13,26 +14,20 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeVar
 
-import redis
-from django.conf import settings
-
-from capabilities.jobs import abort_flags
+from capabilities.jobs import abort_listener
 from capabilities.work.context import JobAborted
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# While a job is aborted but still running, the watcher raises again this often;
-# otherwise it wakes only to notice it should stop.
+# While a job is aborted but still running, the watcher raises again this often.
 RERAISE_INTERVAL_SECONDS = 0.005
-IDLE_WAKE_SECONDS = 1.0
 
 
 class Interrupter:
@@ -172,51 +167,7 @@ def _safe_to_raise(frame: FrameType, window: FrameType) -> bool:
 INTERRUPTER = Interrupter()
 
 
-class AbortWatcher(threading.Thread):
-    """Listens on the abort channel and stops the job running in this process."""
-
-    def __init__(self, interrupter: Interrupter) -> None:
-        super().__init__(name="abp-abort-watcher", daemon=True)
-        self._interrupter = interrupter
-        self.subscribed = threading.Event()
-
-    def run(self) -> None:
-        channel = abort_flags.channel()
-        while True:
-            try:
-                self._listen(channel)
-            except redis.RedisError:
-                logger.warning("Abort watcher lost Redis; reconnecting", exc_info=True)
-                self.subscribed.clear()
-                time.sleep(0.5)
-
-    def _listen(self, channel: str) -> None:
-        client = redis.Redis.from_url(settings.REDIS_URL)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        try:
-            pubsub.subscribe(channel)
-            self.subscribed.set()
-            # A flag raised while we were not subscribed was not heard: look at it.
-            self._recheck()
-            while True:
-                wait = RERAISE_INTERVAL_SECONDS if self._interrupter.aborted else IDLE_WAKE_SECONDS
-                message = pubsub.get_message(timeout=wait)
-                if message is not None and message.get("type") == "message":
-                    # No logging here: a raise can land while the task's thread holds
-                    # a logging lock, and this thread must never wait on one.
-                    self._interrupter.abort(message["data"].decode())
-                self._interrupter.poke()
-        finally:
-            pubsub.close()
-            client.close()
-
-    def _recheck(self) -> None:
-        job_id = self._interrupter.current_job_id
-        if job_id is not None and abort_flags.is_raised(job_id):
-            self._interrupter.abort(job_id)
-
-
-_watcher: AbortWatcher | None = None
+_watcher: abort_listener.ListenerThread | None = None
 
 
 def _quiet_unraisable_aborts(default: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -234,11 +185,25 @@ def _quiet_unraisable_aborts(default: Callable[[Any], None]) -> Callable[[Any], 
     return hook
 
 
-def start_watcher() -> AbortWatcher:
+def start_watcher() -> abort_listener.ListenerThread:
     """Start this process's watcher once (called in each worker child after fork)."""
     global _watcher  # noqa: PLW0603 - one watcher per process
     if _watcher is None or not _watcher.is_alive():
         sys.unraisablehook = _quiet_unraisable_aborts(sys.unraisablehook)
-        _watcher = AbortWatcher(INTERRUPTER)
+        _watcher = abort_listener.ListenerThread(
+            abort_listener.AbortListener("abp-abort-watcher", _running, INTERRUPTER.abort),
+            wait=_next_wait,
+            tick=INTERRUPTER.poke,
+        )
         _watcher.start()
     return _watcher
+
+
+def _running() -> list[str]:
+    job_id = INTERRUPTER.current_job_id
+    return [] if job_id is None else [job_id]
+
+
+def _next_wait() -> float:
+    # While a job is aborted but still running, raise again soon (`tick`: `poke`).
+    return RERAISE_INTERVAL_SECONDS if INTERRUPTER.aborted else abort_listener.IDLE_WAKE_SECONDS
