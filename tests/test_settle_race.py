@@ -29,11 +29,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from capabilities.calls import cancellation, reaper
+from capabilities.calls import cancellation
 from capabilities.jobs import abort_flags, dispatch, lifecycle, notes, queue
 from capabilities.models import SETTLED_STATUSES, AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
-from capabilities.worker import executor
+from capabilities.worker import executor, reaper
 from capabilities.worker.interrupter import Interrupter
 
 pytestmark = pytest.mark.usefixtures("database")

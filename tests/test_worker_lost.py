@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from capabilities.calls import reaper
 from capabilities.models import AgentSession, Job, JobStatus
+from capabilities.worker import reaper
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running
 from tests.support.waiting import eventually

@@ -1,1 +1,1 @@
-"""The Celery side: tasks, the job executor, the interrupter, heartbeats, memory caps."""
+"""The Celery side: tasks, the executor, the interrupter, heartbeats, memory caps, the reaper."""

@@ -22,10 +22,10 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from capabilities.calls import cancellation, reaper
+from capabilities.calls import cancellation
 from capabilities.jobs import lifecycle, queue, retention
 from capabilities.work import registry
-from capabilities.worker import executor, heartbeat, interrupter, memory_limit, presence
+from capabilities.worker import executor, heartbeat, interrupter, memory_limit, presence, reaper
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The periodic sweep (Celery beat): ends what no process that is still alive ended.
+"""The periodic sweep (`abp.reap`, on beat's schedule): ends what no live process ended.
 
 Timeouts are enforced here even when the agent and its consumer are gone, a
 worker that keeps running a cancelled job past the grace period is killed, and
