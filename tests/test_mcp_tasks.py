@@ -19,9 +19,10 @@ import mcp_types as types
 import pytest
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
 
 from capabilities.models import CancelSource, Job, JobStatus
-from tests.support.mcp_clients import RawSession, official_client, suite_key
+from tests.support.mcp_clients import TASKS_EXTENSION, RawSession, official_client, suite_key
 from tests.support.stack import Stack
 from tests.support.waiting import eventually_async, in_thread
 
@@ -76,12 +77,15 @@ def retention_ms() -> int:
 
 
 @pytest.mark.parametrize(("mode", "served"), [("legacy", True), ("auto", False)])
-def test_tasks_are_advertised_on_the_2025_wire_only(stack: Stack, mode: str, served: bool) -> None:
+def test_these_tasks_are_advertised_on_the_2025_wire_only(
+    stack: Stack, mode: str, served: bool
+) -> None:
     found: dict[str, Any] = {}
 
     async def scenario() -> None:
         async with official_client(url_of(stack), mode=mode) as client:
             found["capability"] = client.server_capabilities.tasks
+            found["extensions"] = client.server_capabilities.extensions
             found["tools"] = (await client.list_tools()).tools
             with pytest.raises(MCPError) as raised:
                 await client.session.send_request(
@@ -104,10 +108,14 @@ def test_tasks_are_advertised_on_the_2025_wire_only(stack: Stack, mode: str, ser
         assert executions == {"optional"}
         assert found["code"] == INVALID_PARAMS  # unknown task
         assert found["listed"].tasks == []
+        assert found["extensions"] is None
     else:
         assert found["capability"] is None
         assert executions == {None}
-        assert found["code"] == -32601  # no tasks/* on the 2026 wire
+        # The tasks extension's instead (tests/test_mcp_tasks_extension.py), which this
+        # client does not declare.
+        assert found["extensions"] == {TASKS_EXTENSION: {}}
+        assert found["code"] == MISSING_REQUIRED_CLIENT_CAPABILITY
 
 
 def test_a_cancelled_task_is_cancelled_before_the_answer_and_stays_cancelled(

@@ -11,7 +11,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
 from capabilities.calls import availability
-from capabilities.mcp_door import tasks, tool_calls, tools
+from capabilities.mcp_door import extensions, tasks, tasks_extension, tool_calls, tools
 
 
 async def list_tools(
@@ -34,4 +34,5 @@ def build() -> Server[Any]:
         on_call_tool=tool_calls.call_tool,
     )
     tasks.register(server)
+    extensions.apply(server, tasks_extension.TasksExtension())
     return server

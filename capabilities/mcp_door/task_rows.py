@@ -2,7 +2,9 @@
 
 A task's callId marks it as one and carries the ttl it was granted, which has no
 column of its own: `mcp-task:<ttl ms>:<uuid>`. A plain `tools/call` has a bare
-uuid, so it is never a task. Synchronous: callers hop with `database_sync_to_async`.
+uuid, so it is never a task. A 2025-11-25 task belongs to its MCP session; a
+2026-07-28 one (no session) to the agent key that made it. Synchronous: callers
+hop with `database_sync_to_async`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
+from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from capabilities.jobs import lifecycle, results
@@ -43,7 +46,7 @@ def task_of(job: Job) -> types.Task:
     return types.Task(
         task_id=str(job.id),
         status=STATUSES[job.status],
-        status_message=_message(job),
+        status_message=status_message(job),
         created_at=job.created_at.isoformat(),
         last_updated_at=updated.isoformat(),
         ttl=int(job.call_id.removeprefix(CALL_ID_PREFIX).split(":", 1)[0]),
@@ -51,7 +54,13 @@ def task_of(job: Job) -> types.Task:
     )
 
 
-def _message(job: Job) -> str | None:
+def retention_ms() -> int:
+    """How long a settled task's row is kept (JOB_RETENTION_DAYS): the longest ttl granted."""
+    return int(settings.ABP["JOB_RETENTION_DAYS"]) * 86_400_000
+
+
+def status_message(job: Job) -> str | None:
+    """The stage while it runs; `CODE: message` once it failed or was cancelled."""
     if job.status == JobStatus.QUEUED:
         return "Queued."
     if job.status == JobStatus.RUNNING:
@@ -68,6 +77,17 @@ def find(session_id: str | None, task_id: str) -> Job | None:
     except ValueError:
         return None
     return _tasks(session_id).filter(pk=job_id).first()
+
+
+def find_owned(principal_id: str, task_id: str) -> Job | None:
+    """A task made with this agent key (`AgentSession.principal`), on either wire."""
+    try:
+        job_id = uuid.UUID(task_id)
+    except ValueError:
+        return None
+    return Job.objects.filter(
+        pk=job_id, call_id__startswith=CALL_ID_PREFIX, session__principal=principal_id
+    ).first()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,9 @@ settles it as cancelled (source agent) before answering, then stops the work.
 A task outlives the request that created it and ends with its MCP session
 (cancelled, source disconnect, by `sessions.end_session`). Only its own session
 sees it; anything else is an unknown task (-32602). Only the 2025-11-25 wire has
-tasks: elsewhere `params.task` is ignored and `tasks/*` are not found.
+these tasks: elsewhere `params.task` is ignored, `tasks/result` and `tasks/list`
+are not found, and on 2026-07-28 `tasks/get` and `tasks/cancel` are the tasks
+extension's (`tasks_extension.py`).
 
 SDK 2.3.0 types tasks but dispatches none of them. `tasks/*` are served as custom
 methods. A task-augmented `tools/call` is answered by a server middleware: a
@@ -22,7 +24,6 @@ from typing import Any
 import anyio
 import mcp_types as types
 from channels.db import database_sync_to_async
-from django.conf import settings
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
@@ -113,7 +114,7 @@ async def start_task(ctx: ServerRequestContext[Any, Any]) -> types.CreateTaskRes
 
 def _ttl_granted(task: types.TaskMetadata) -> int:
     """As asked, at most JOB_RETENTION_DAYS: job rows are kept that long after they settle."""
-    kept = int(settings.ABP["JOB_RETENTION_DAYS"]) * 86_400_000
+    kept = task_rows.retention_ms()
     return kept if task.ttl is None else max(0, min(task.ttl, kept))
 
 

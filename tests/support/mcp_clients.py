@@ -108,3 +108,67 @@ async def _events(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
         elif not line and data:
             yield json.loads("\n".join(data))
             data = []
+
+
+MODERN_VERSION = "2026-07-28"
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class RawModern:
+    """Session-less requests over raw HTTP (2026-07-28): each one carries its own envelope.
+
+    `tasks` declares the tasks extension (SEP-2663) in every request's capabilities.
+    """
+
+    def __init__(self, http: httpx2.AsyncClient, url: str, key: str, *, tasks: bool = True) -> None:
+        self.http = http
+        self.url = url
+        self.key = key
+        self.tasks = tasks
+        self._ids = 0
+
+    def body(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The request: `params` with the 2026 envelope in `_meta`."""
+        extensions = {TASKS_EXTENSION: {}} if self.tasks else {}
+        meta = {
+            **params.get("_meta", {}),
+            "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw-modern-test", "version": "1"},
+        }
+        self._ids += 1
+        return {
+            "jsonrpc": "2.0",
+            "id": self._ids,
+            "method": method,
+            "params": {**params, "_meta": meta},
+        }
+
+    def headers(self, method: str, params: dict[str, Any], **extra: str) -> dict[str, str]:
+        """Routing headers as SEP-2243 has them; `Mcp-Name` is the tool's name or the taskId."""
+        found = {
+            "Authorization": f"Bearer {self.key}",
+            "Accept": ACCEPT,
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": MODERN_VERSION,
+            "Mcp-Method": method,
+        }
+        name = params.get("name", params.get("taskId"))
+        if isinstance(name, str):
+            found["Mcp-Name"] = name
+        found.update(extra)
+        return found
+
+    async def rpc(self, method: str, params: dict[str, Any], **headers: str) -> dict[str, Any]:
+        """The one answer to a request (its `result` or its `error`); notifications skipped."""
+        body = self.body(method, params)
+        async with self.http.stream(
+            "POST", self.url, headers=self.headers(method, params, **headers), json=body
+        ) as response:
+            if response.headers.get("content-type", "").startswith("application/json"):
+                answer: dict[str, Any] = json.loads(await response.aread())
+                return answer
+            async for message in _events(response):
+                if message.get("id") == body["id"]:
+                    return message
+        raise AssertionError(f"no answer to {method} (HTTP {response.status_code})")
