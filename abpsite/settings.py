@@ -489,9 +489,16 @@ ABP: dict[str, Any] = {
     "TRUSTED_PROXIES": _env_list("ABP_TRUSTED_PROXIES"),
     # Calls queued or running at once per agent key (or per client address for page
     # tokens and anonymous clients), across all its sessions (at least its own
-    # per-session bound); and open sessions per same.
+    # per-session bound).
     "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": _env_int("ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL", 2000),
-    "MAX_OPEN_SESSIONS_PER_PRINCIPAL": _env_int("ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL", 16),
+    # Open sessions per agent key (a key may set its own) or per anonymous client
+    # address, across every door: room for a fleet of a few hundred WebSockets on one
+    # key. At the bound, the longest-idle MCP session with nothing in flight is ended
+    # to make room (docs/security.md#open-sessions). In development every keyless
+    # script is one principal (127.0.0.1): roomy, so a developer never meets 4429.
+    "MAX_OPEN_SESSIONS_PER_PRINCIPAL": _env_int(
+        "ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL", 10_000 if DEVELOPMENT else 256
+    ),
     # Page tokens are handed to anyone who loads a page, so they get a smaller budget:
     # calls queued or running per client address, calls per minute, the largest call (bytes
     # of its JSON params), the longest timeout, and which capabilities (empty: all).
@@ -499,6 +506,8 @@ ABP: dict[str, Any] = {
     "PAGE_TOKEN_CALLS_PER_MINUTE": _env_int("ABP_PAGE_TOKEN_CALLS_PER_MINUTE", 30),
     "PAGE_TOKEN_MAX_PARAMS_BYTES": _env_int("ABP_PAGE_TOKEN_MAX_PARAMS_BYTES", 1024 * 1024),
     "PAGE_TOKEN_MAX_TIMEOUT_MS": _env_int("ABP_PAGE_TOKEN_MAX_TIMEOUT_MS", 2 * 60 * 1000),
+    # Open sessions per client address with page tokens (anyone who loads a page).
+    "PAGE_TOKEN_MAX_OPEN_SESSIONS": _env_int("ABP_PAGE_TOKEN_MAX_OPEN_SESSIONS", 16),
     "PAGE_TOKEN_CAPABILITIES": _env_list("ABP_PAGE_TOKEN_CAPABILITIES"),
     # The local lane (docs/design.md#the-local-lane): small calls of these capabilities,
     # with params up to LOCAL_LANE_MAX_PARAMS_BYTES of JSON, run in a pool of

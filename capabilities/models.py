@@ -88,6 +88,12 @@ class AgentKey(models.Model):
     calls_per_minute = models.PositiveIntegerField(
         null=True, blank=True, help_text="Calls per minute for this key; empty: the default."
     )
+    max_open_sessions = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Sessions of this key open at once (held, or waiting for a resume), "
+        "across every door; empty: the default.",
+    )
 
     class Meta:
         ordering = ("-created_at",)
@@ -132,6 +138,9 @@ class AgentSession(models.Model):
     # Refreshed by the consumer holding the session, set when it drops: a session
     # not seen for the grace period (its Daphne died, or nobody resumed) is ended.
     seen_at = models.DateTimeField(default=timezone.now)
+    # The row of one session-less MCP call (2026-07-28): it lives as long as its call,
+    # which counts as a call in flight; it is never an open session of its principal.
+    per_call = models.BooleanField(default=False)
 
     class Meta:
         ordering = ("-connected_at",)

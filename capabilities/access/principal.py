@@ -56,8 +56,15 @@ class Principal:
 
     @property
     def max_open_sessions(self) -> int:
-        """Sessions open at once (held or resumable) for this principal."""
-        return int(settings.ABP["MAX_OPEN_SESSIONS_PER_PRINCIPAL"])
+        """Sessions open at once (held or resumable) for this principal.
+
+        A key's own bound, else the setting (a client address's, for anonymous
+        clients); page tokens get their own, per client address.
+        """
+        if self.kind == "page":
+            return int(settings.ABP["PAGE_TOKEN_MAX_OPEN_SESSIONS"])
+        own = self.key.max_open_sessions if self.key is not None else None
+        return int(own if own is not None else settings.ABP["MAX_OPEN_SESSIONS_PER_PRINCIPAL"])
 
     @property
     def calls_per_minute(self) -> int:

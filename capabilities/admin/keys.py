@@ -29,6 +29,7 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
         "max_concurrent_calls",
         "max_queued_calls",
         "calls_per_minute",
+        "max_open_sessions",
         "session_count",
     )
     list_filter = ("revoked_at",)
@@ -38,6 +39,7 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
         "max_concurrent_calls",
         "max_queued_calls",
         "calls_per_minute",
+        "max_open_sessions",
         "shown_prefix",
         "created_at",
         "last_used_at",

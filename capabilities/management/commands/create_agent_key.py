@@ -24,6 +24,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--calls-per-minute", type=int, default=None)
         parser.add_argument(
+            "--max-open-sessions",
+            type=int,
+            default=None,
+            help="Sessions open at once, across every door.",
+        )
+        parser.add_argument(
             "--quiet", action="store_true", help="Print the key alone (for scripts)."
         )
 
@@ -34,6 +40,9 @@ class Command(BaseCommand):
             max_queued_calls=options["max_queued_calls"],
             calls_per_minute=options["calls_per_minute"],
         )
+        if options["max_open_sessions"] is not None:
+            key.max_open_sessions = options["max_open_sessions"]
+            key.save(update_fields=["max_open_sessions"])
         if options["quiet"]:
             self.stdout.write(plaintext)
             return
