@@ -2,24 +2,39 @@
 
 Counted in the database, so the limits hold across its sessions and every Daphne:
 calls in flight (MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL, or a page token's smaller one)
-and open sessions (MAX_OPEN_SESSIONS_PER_PRINCIPAL). Checked in the same database
+and open sessions (`Principal.max_open_sessions`). Checked in the same database
 hop that would store the row, before anything is stored. Two connections racing for
 the last place can both get it: the limits are a bound on abuse, not a semaphore.
+
+An open session is one a live Daphne holds or one waiting for a resume; the row of
+a session-less MCP call is not one (its call is a call in flight). At the bound, the
+principal's longest-idle MCP session with nothing in flight and nothing undelivered
+is ended to make room: a key is never locked out by sessions that hold nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import params_size, session_records
+from capabilities.calls import params_size, resumption, session_records
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle, queue
 from capabilities.jobs.slot_counts import slot_counts
 from capabilities.models import AgentSession, CancelSource, Door, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
+
+logger = logging.getLogger(__name__)
+
+MADE_ROOM_REASON = "ended to make room for a new session: idle MCP session, nothing in flight"
+# Idle MCP sessions tried, longest-idle first, when another call takes one meanwhile.
+_ROOM_CANDIDATES = 5
 
 
 class OverBudget(Exception):
@@ -96,8 +111,8 @@ def open_session(
     resume_token: str,
     door: Door,
 ) -> None:
-    """`session_records.open_session`, unless the principal has its most sessions open."""
-    refuse_another_session(principal)
+    """`session_records.open_session`, if the principal has (or is given) room for it."""
+    make_room_for_session(principal)
     session_records.open_session(
         session_id,
         message,
@@ -108,15 +123,68 @@ def open_session(
     )
 
 
-def refuse_another_session(principal: Principal) -> None:
-    """OverBudget if the principal already has its most sessions open."""
-    held = AgentSession.objects.filter(principal=principal.rate_limit_id, closed_at__isnull=True)
-    _refuse_at(
-        held.count(),
-        principal.max_open_sessions,
-        "openSessions",
-        "sessions of yours may be open at once; shut one down (or let a dropped one expire) first.",
+def open_sessions(principal: Principal) -> QuerySet[AgentSession]:
+    """The principal's sessions that count: held by a live Daphne, or waiting for a resume.
+
+    Not the rows of session-less MCP calls, and not the sessions of a Daphne that is
+    gone (nobody refreshes their `seen_at`): a resume is the only way back to those.
+    """
+    now = timezone.now()
+    return AgentSession.objects.filter(
+        principal=principal.rate_limit_id, closed_at=None, per_call=False
+    ).filter(
+        Q(detached_at=None, seen_at__gte=now - resumption.held_lapses_after())
+        | Q(detached_at__isnull=False, seen_at__gte=now - resumption.grace())
     )
+
+
+def make_room_for_session(principal: Principal) -> None:
+    """Room for one more session of the principal, or OverBudget (`openSessions`).
+
+    At the bound, the principal's longest-idle MCP session with no call in flight
+    and no undelivered result is ended (MADE_ROOM_REASON) and the new one admitted.
+    WebSocket sessions are never ended this way: they are live sockets, or resumable.
+    """
+    limit = principal.max_open_sessions
+    counted = open_sessions(principal)
+    held = counted.count()
+    if held < limit or _end_longest_idle_mcp_session(counted):
+        return
+    _refuse_at(
+        held,
+        limit,
+        "openSessions",
+        "sessions of yours may be open at once, none of them an idle MCP session; "
+        "shut one down (or let a dropped one expire) first.",
+    )
+
+
+def _end_longest_idle_mcp_session(counted: QuerySet[AgentSession]) -> bool:
+    """End the longest-idle MCP session holding nothing; whether there was one."""
+    undelivered = Job.objects.filter(session=OuterRef("pk"), delivered_at=None)
+    last_settled = (
+        Job.objects.filter(session=OuterRef("pk"), settled_at__isnull=False)
+        .order_by("-settled_at")
+        .values("settled_at")[:1]
+    )
+    idle = (
+        counted.filter(door=Door.MCP)
+        .exclude(Exists(undelivered))
+        .annotate(active_at=Coalesce(Subquery(last_settled), F("connected_at")))
+        .order_by("active_at")
+        .values_list("pk", flat=True)[:_ROOM_CANDIDATES]
+    )
+    for session_id in list(idle):
+        # Conditional: a call that started on it meanwhile keeps the session.
+        ended = (
+            AgentSession.objects.filter(pk=session_id, closed_at=None)
+            .exclude(Exists(undelivered))
+            .update(closed_at=timezone.now(), close_reason=MADE_ROOM_REASON)
+        )
+        if ended:
+            logger.info("MCP session %s was ended to make room for a new session", session_id)
+            return True
+    return False
 
 
 def _refuse_at(

@@ -65,6 +65,15 @@ def unheld_for() -> timedelta:
     return max(grace(), timedelta(seconds=3 * keep_alive_interval()))
 
 
+def held_lapses_after() -> timedelta:
+    """A held session not seen this long is held by no live Daphne: two missed beats.
+
+    It stops counting against its principal's open sessions at once; it stays
+    resumable until `unheld_for` has passed, when the reaper ends it.
+    """
+    return timedelta(seconds=2 * keep_alive_interval())
+
+
 def new_token() -> str:
     """A resume token: 256 random bits."""
     return secrets.token_urlsafe(32)
