@@ -264,7 +264,7 @@ class AgentSessionAdmin(ReadOnlyAdmin):
     )
     list_select_related = ("agent_key",)
     search_fields = ("=id", "^agent_name", "=agent_key__prefix")
-    list_filter = ("door", "connected_at")
+    list_filter = ("door", "per_call", "connected_at")
     ordering = ("-connected_at",)
     list_per_page = 50
     show_full_result_count = False

@@ -11,7 +11,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
 from capabilities.calls import availability
-from capabilities.mcp_door import extensions, tasks, tasks_extension, tool_calls, tools
+from capabilities.mcp_door import extensions, sessions, tasks, tasks_extension, tool_calls, tools
 
 
 async def list_tools(
@@ -35,4 +35,6 @@ def build() -> Server[Any]:
     )
     tasks.register(server)
     extensions.apply(server, tasks_extension.TasksExtension())
+    # A stateful session's row is written (or refused: no room) when it initializes.
+    server.middleware.append(sessions.admit_at_initialize(tool_calls.principal_of))
     return server

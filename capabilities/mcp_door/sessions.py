@@ -1,33 +1,80 @@
 """An MCP session's row: its jobs belong to a session, as an ABP connection's do.
 
-A stateful MCP session (2025 handshake era) gets one `AgentSession` (door MCP),
-with the MCP session id as its id, made on its first tool call and ended with
-it (DELETE, the idle timeout, shutdown): its calls still running are then
-cancelled with source disconnect. While it lives, this Daphne keeps it seen, so
-the reaper leaves it alone. A session-less request (2026-07-28) gets a row of its
-own for its one call.
+A stateful MCP session (the 2025 handshake) gets one `AgentSession` (door MCP), with
+the MCP session id as its id, written when it initializes (`admit_at_initialize`, a
+server middleware), where a principal with no room for another session is refused.
+It ends with the MCP session (DELETE, the idle timeout, shutdown): its calls still
+running are then cancelled with source disconnect. While it lives, this Daphne keeps
+it seen, so the reaper leaves it alone. A row ended meanwhile to make room for
+another session of its key (or expired) is opened again, room permitting, by the
+session's next tool call: its tasks are found by the row's id, which stays.
+
+A session-less request (2026-07-28) gets a row of its own for its one call, marked
+`per_call`: the call counts as a call in flight, never as an open session. This
+Daphne keeps the row seen while the call runs. The row is written to the end even
+if the request is cancelled meanwhile, and then closed: a cancel leaves none open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+import anyio
 from channels.db import database_sync_to_async
-from mcp.server.context import ServerRequestContext
+from django.db import transaction
+from django.utils import timezone
+from mcp.server.connection import Connection
+from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
+from mcp.shared.exceptions import MCPError
 
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, cancellation, held_sessions, session_records
+from capabilities.calls import budgets, cancellation, held_sessions, resumption, session_records
+from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import sdk_seams
 from capabilities.models import AgentSession, CancelSource, Door
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 ENDED_REASON = "MCP session ended"
+# Rows of a live MCP session closed by someone else: its next tool call opens them again.
+REOPENED_REASONS = (budgets.MADE_ROOM_REASON, resumption.EXPIRED_REASON)
 _open: set[str] = set()
 # Sessions a client is deleting: their calls cut short are disconnects, not cancels.
 _ending: set[str] = set()
+# Database work that must finish whoever stops waiting for it (asyncio keeps weak refs).
+_unfinished: set[asyncio.Future[Any]] = set()
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Opener:
+    """What a session's row records of the request that opened it."""
+
+    agent: tuple[str, str]
+    protocol_version: str
+    origin: str
+
+    @classmethod
+    def of(cls, ctx: ServerRequestContext[Any, Any], protocol_version: str = "") -> _Opener:
+        params = ctx.session.client_params
+        if params is not None:
+            agent = (params.client_info.name, params.client_info.version)
+        else:  # `initialize` itself: the SDK commits the client's params after it
+            info = (ctx.params or {}).get("clientInfo")
+            info = info if isinstance(info, dict) else {}
+            agent = (str(info.get("name", "")), str(info.get("version", "")))
+        headers = getattr(ctx.request, "headers", {}) or {}
+        return cls(
+            agent=agent,
+            protocol_version=protocol_version or ctx.protocol_version or "",
+            origin=str(headers.get("origin", "")),
+        )
 
 
 async def session_for(
@@ -35,24 +82,42 @@ async def session_for(
 ) -> tuple[str, bool]:
     """The session row of this request's MCP session, and whether it is this call's own.
 
-    OverBudget (RATE_LIMITED) if the principal has its most sessions open.
+    OverBudget (RATE_LIMITED) if the principal has its most sessions open and none
+    of them can be ended to make room (a stateful session's row ended meanwhile).
     """
     connection = sdk_seams.connection_of(ctx)
     session_id = session_id_of(ctx)
     if session_id is None or connection is None:
-        session_id = str(uuid.uuid4())
-        await database_sync_to_async(_create)(session_id, ctx, principal)
-        return session_id, True
-    if session_id not in _open:
-        await database_sync_to_async(_create)(session_id, ctx, principal)
-        _open.add(session_id)
-        held_sessions.hold(_holder(session_id), session_id)
-
-        async def end() -> None:
-            await end_session(session_id)
-
-        connection.exit_stack.push_async_callback(end)
+        return await _per_call_session(_Opener.of(ctx), principal), True
+    await _stateful_session(session_id, connection, _Opener.of(ctx), principal)
     return session_id, False
+
+
+def admit_at_initialize(
+    principal_of: Callable[[ServerRequestContext[Any, Any]], Principal],
+) -> ServerMiddleware[Any]:
+    """A server middleware writing a stateful session's row when it initializes.
+
+    A principal with no room for another session is refused there: a JSON-RPC error
+    whose data is the ABP error (RATE_LIMITED, `details: {limit: "openSessions", max}`).
+    """
+
+    async def middleware(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        result = await call_next(ctx)
+        connection = sdk_seams.connection_of(ctx)
+        session_id = session_id_of(ctx)
+        if ctx.method != "initialize" or connection is None or session_id is None:
+            return result
+        agreed = result.get("protocolVersion") if isinstance(result, dict) else None
+        opener = _Opener.of(ctx, str(agreed or ""))
+        try:
+            await _stateful_session(session_id, connection, opener, principal_of(ctx))
+        except budgets.OverBudget as over:
+            code, _ = jsonrpc_error(over.error.code)
+            raise MCPError(code, over.error.message, data=over.error.to_json()) from None
+        return result
+
+    return middleware
 
 
 def session_id_of(ctx: ServerRequestContext[Any, Any]) -> str | None:
@@ -77,30 +142,105 @@ def is_ending(session_id: str) -> bool:
 
 
 async def end_session(session_id: str) -> None:
-    """The MCP session is over: cancel what still runs, and record the end."""
+    """The MCP session (or a per-call row's call) is over: cancel what runs, record the end."""
     _open.discard(session_id)
     _ending.discard(session_id)
     held_sessions.release(_holder(session_id))
     await database_sync_to_async(_end)(session_id)
 
 
+async def _per_call_session(opener: _Opener, principal: Principal) -> str:
+    session_id = str(uuid.uuid4())
+    # Seen while its call runs: the reaper ends rows nobody holds.
+    held_sessions.hold(_holder(session_id), session_id)
+    writing = _unstoppable(database_sync_to_async(_write_per_call)(session_id, opener, principal))
+    try:
+        await _waited(writing)
+        # A cancel held back while the row was written lands here.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+    except BaseException:
+        # Cancelled while the insert goes on in its thread (or it failed): once it is
+        # done, nothing of it stays open.
+        await _waited(_unstoppable(_end_after(writing, session_id)))
+        raise
+    return session_id
+
+
+async def _end_after(writing: asyncio.Future[None], session_id: str) -> None:
+    await asyncio.wait([writing])
+    await end_session(session_id)
+
+
+async def _stateful_session(
+    session_id: str, connection: Connection, opener: _Opener, principal: Principal
+) -> None:
+    """The session's row, open (written, or opened again); held while the MCP session lives."""
+    writing = _unstoppable(database_sync_to_async(_ensure_open)(session_id, opener, principal))
+    try:
+        await _waited(writing)
+    except budgets.OverBudget:
+        raise
+    except BaseException:
+        # Cancelled: the row may still be written, and it is this session's.
+        _hold(session_id, connection)
+        raise
+    _hold(session_id, connection)
+
+
+def _hold(session_id: str, connection: Connection) -> None:
+    if session_id in _open:
+        return
+    _open.add(session_id)
+    held_sessions.hold(_holder(session_id), session_id)
+    connection.exit_stack.push_async_callback(end_session, session_id)
+
+
+def _unstoppable(work: Awaitable[T]) -> asyncio.Future[T]:
+    """`work` as a task of its own: a cancel of whoever waits for it does not cut it short."""
+    task = asyncio.ensure_future(work)
+    _unfinished.add(task)
+    task.add_done_callback(_unfinished.discard)
+    return task
+
+
+async def _waited(task: asyncio.Future[T]) -> T:
+    """Wait for `task`; a cancel of the caller (anyio's, deferred; asyncio's) leaves it running."""
+    with anyio.CancelScope(shield=True):
+        await asyncio.shield(task)
+    return task.result()
+
+
 def _holder(session_id: str) -> str:
     return f"mcp:{session_id}"
 
 
-def _create(session_id: str, ctx: ServerRequestContext[Any, Any], principal: Principal) -> None:
-    if AgentSession.objects.filter(pk=session_id).exists():
-        return
-    budgets.refuse_another_session(principal)
-    client = ctx.session.client_params.client_info if ctx.session.client_params else None
-    headers = getattr(ctx.request, "headers", {}) or {}
+def _ensure_open(session_id: str, opener: _Opener, principal: Principal) -> None:
+    row = AgentSession.objects.filter(pk=session_id).values("closed_at", "close_reason").first()
+    if row is None:
+        budgets.make_room_for_session(principal)
+        _record(session_id, opener, principal)
+    elif row["closed_at"] is not None and row["close_reason"] in REOPENED_REASONS:
+        budgets.make_room_for_session(principal)
+        AgentSession.objects.filter(pk=session_id, closed_at__isnull=False).update(
+            closed_at=None, close_reason="", seen_at=timezone.now()
+        )
+        logger.info("MCP session %s was opened again", session_id)
+
+
+def _write_per_call(session_id: str, opener: _Opener, principal: Principal) -> None:
+    with transaction.atomic():
+        _record(session_id, opener, principal)
+        AgentSession.objects.filter(pk=session_id).update(per_call=True)
+
+
+def _record(session_id: str, opener: _Opener, principal: Principal) -> None:
     session_records.record_session(
         session_id,
         principal,
         door=Door.MCP,
-        agent=(client.name, client.version) if client else ("", ""),
-        protocol_version=ctx.protocol_version,
-        origin=str(headers.get("origin", "")),
+        agent=opener.agent,
+        protocol_version=opener.protocol_version,
+        origin=opener.origin,
     )
 
 
