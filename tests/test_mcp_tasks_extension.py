@@ -23,7 +23,7 @@ from capabilities.mcp_door import tasks_extension
 from capabilities.models import SETTLED_STATUSES, CancelSource, Job, JobStatus
 from tests.support.mcp_clients import TASKS_EXTENSION, RawModern, suite_key
 from tests.support.stack import Stack
-from tests.support.waiting import eventually_async, in_thread, seconds_between
+from tests.support.waiting import eventually, eventually_async, in_thread, seconds_between
 
 pytestmark = pytest.mark.usefixtures("database")
 
@@ -61,7 +61,7 @@ async def create(client: RawModern, arguments: dict[str, Any]) -> dict[str, Any]
 async def settled(client: RawModern, task_id: str, within: float = 10.0) -> dict[str, Any]:
     """`tasks/get` once the task's job has settled."""
     ended = Job.objects.filter(pk=task_id, status__in=SETTLED_STATUSES)
-    await eventually_async(ended.first, timeout=within)
+    await in_thread(lambda: eventually(ended.first, timeout=within))
     answer: dict[str, Any] = (await client.rpc("tasks/get", {"taskId": task_id}))["result"]
     return answer
 
@@ -188,7 +188,7 @@ def test_another_keys_task_is_an_unknown_task(stack: Stack) -> None:
     assert found["still"]["status"] == "working"  # the other key's cancel did nothing
 
 
-_TASK_METHODS = [
+_TASK_METHODS: list[tuple[str, dict[str, Any]]] = [
     ("tasks/get", {}),
     ("tasks/cancel", {}),
     ("tasks/update", {"inputResponses": {}}),

@@ -129,7 +129,7 @@ class RawModern:
 
     def body(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The request: `params` with the 2026 envelope in `_meta`."""
-        extensions = {TASKS_EXTENSION: {}} if self.tasks else {}
+        extensions: dict[str, Any] = {TASKS_EXTENSION: {}} if self.tasks else {}
         meta = {
             **params.get("_meta", {}),
             "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
