@@ -17,20 +17,19 @@ from typing import Any
 import anyio
 import mcp_types as types
 from django.conf import settings
-from django.utils import timezone
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, cancellation, start
+from capabilities.calls import answers, budgets, start
 from capabilities.mcp_door import call_watch, sessions, tools
 from capabilities.models import CancelSource, Job
-from capabilities.protocol import responses
 from capabilities.work import registry
 
 logger = logging.getLogger(__name__)
 
 PRINCIPAL_SCOPE_KEY = "abp.principal"
+CANCEL_REASON = "MCP request cancelled"
 
 
 async def call_tool(
@@ -40,16 +39,18 @@ async def call_tool(
     if registry.get(params.name) is None:
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
     principal = principal_of(ctx)
+    own_session: str | None = None
     try:
-        session_id, own_session = await sessions.session_for(ctx, principal)
-    except budgets.OverBudget as over:
-        return tools.refusal_result(over.error)
-    try:
+        try:
+            session_id, own = await sessions.session_for(ctx, principal)
+        except budgets.OverBudget as over:
+            return tools.refusal_result(over.error)
+        own_session = session_id if own else None
         return await _run(ctx, params, principal, session_id)
     finally:
-        if own_session:
+        if own_session is not None:
             with anyio.CancelScope(shield=True):
-                await sessions.end_session(session_id)
+                await sessions.end_session(own_session)
 
 
 async def _run(
@@ -61,54 +62,45 @@ async def _run(
     token = progress_token_of(ctx)
     request = call_request(ctx, params, session_id, call_id=str(uuid.uuid4()), progress=token)
     reported = _Reported(ctx)
+
+    def cancel_source() -> CancelSource:
+        # Whatever else ends a call's request is the client letting go of it: a
+        # `notifications/cancelled`, a client timeout, a closed stream (the 2026 way
+        # to cancel). Only a DELETE of its session makes it a disconnect.
+        return CancelSource.DISCONNECT if sessions.is_ending(session_id) else CancelSource.AGENT
+
     async with call_watch.watching(session_id) as watch:
         try:
-            job = await start.start(principal, request)
+            job = await answers.start_for_caller(
+                principal, request, cancel_reason=CANCEL_REASON, cancel_source=cancel_source
+            )
         except start.CallRefused as refused:
             return tools.refusal_result(refused.error)
         try:
-            with anyio.fail_after(_seconds_left(job)):
-                response = await watch.outcome(
-                    job,
-                    base_url=base_url(ctx),
-                    inline_max_bytes=tools.INLINE_MAX_BYTES,
-                    on_progress=reported.send if token is not None else None,
-                )
+            with anyio.fail_after(answers.seconds_left(job)):
+                response = await _outcome(watch, job, ctx, reported if token is not None else None)
         except TimeoutError:
-            response = await _ended_by_us(watch, job, CancelSource.TIMEOUT, ctx)
+            ended = await answers.end_for_caller(job, CancelSource.TIMEOUT, "deadline passed")
+            response = ended or await _outcome(watch, job, ctx)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                source = _cancel_source(session_id)
-                await cancellation.cancel_for_caller(job, source, "MCP request cancelled")
+                await answers.end_for_caller(job, cancel_source(), CANCEL_REASON)
             raise
     return tools.tool_result(response)
 
 
-async def _ended_by_us(
+async def _outcome(
     watch: call_watch.CallWatch,
     job: Job,
-    source: CancelSource,
     ctx: ServerRequestContext[Any, Any],
+    reported: _Reported | None = None,
 ) -> dict[str, Any]:
-    """Settle the call as cancelled by `source`; if it settled first, its own outcome."""
-    if await cancellation.cancel_for_caller(job, source, "deadline passed"):
-        elapsed = int((timezone.now() - job.created_at).total_seconds() * 1000)
-        error = responses.cancelled_error(source)
-        return responses.failed(job.call_id, error, elapsed, cancelled=True)
-    return await watch.outcome(job, base_url=base_url(ctx), inline_max_bytes=tools.INLINE_MAX_BYTES)
-
-
-def _cancel_source(session_id: str) -> CancelSource:
-    # Whatever else ends a call's request is the client letting go of it: a
-    # `notifications/cancelled`, a client timeout, a closed stream (the 2026 way to
-    # cancel). Only a DELETE of its session makes it a disconnect; an idle session
-    # has no call in flight.
-    return CancelSource.DISCONNECT if sessions.is_ending(session_id) else CancelSource.AGENT
-
-
-def _seconds_left(job: Job) -> float:
-    assert job.deadline is not None
-    return max(0.0, (job.deadline - timezone.now()).total_seconds())
+    return await watch.outcome(
+        job,
+        base_url=base_url(ctx),
+        inline_max_bytes=tools.INLINE_MAX_BYTES,
+        on_progress=reported.send if reported is not None else None,
+    )
 
 
 class _Reported:
