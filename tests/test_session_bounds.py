@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,7 @@ from capabilities.calls import budgets
 from capabilities.models import AgentKey, AgentSession, Door, Job, JobStatus
 from tests.support.admin_clients import client_for
 from tests.support.agent import Agent
-from tests.support.mcp_clients import ACCEPT, WIRE_VERSION, RawSession, official_client
+from tests.support.mcp_clients import WIRE_VERSION, RawSession, official_client
 from tests.support.rpc_agent import RpcAgent, rpc_url
 from tests.support.stack import Stack, free_port, port_open
 from tests.support.waiting import eventually, in_thread
@@ -85,26 +84,15 @@ def succeeded(response: dict[str, Any]) -> bool:
     return "result" in response and response["result"].get("isError") is False
 
 
-def initialize_refusal(where: str, key: str) -> dict[str, Any] | None:
+async def initialize_refusal(http: httpx2.AsyncClient, where: str, key: str) -> Any:
     """A raw MCP `initialize`: None if admitted, else its JSON-RPC error."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": WIRE_VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "refused", "version": "1"},
-        },
-    }
-    headers = {"Authorization": f"Bearer {key}", "Accept": ACCEPT}
-    response = httpx2.post(mcp(where), json=body, headers=headers, timeout=30)
-    response.raise_for_status()
-    [message] = [
-        json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")
-    ]
-    error: dict[str, Any] | None = message.get("error")
-    return error
+    session = RawSession(http, mcp(where), key)
+    hello = {"name": "refused", "version": "1"}
+    params = {"protocolVersion": WIRE_VERSION, "capabilities": {}, "clientInfo": hello}
+    async with session.request(0, "initialize", params) as messages:
+        async for message in messages:
+            return message.get("error")
+    raise AssertionError("no response")
 
 
 # -- clients that never end their sessions ---------------------------------------------------
@@ -198,9 +186,7 @@ def test_mcp_refuses_at_initialize_when_nothing_can_make_room(limited: str) -> N
                         )
                     )
                     # Two live sockets and an MCP session with a call in flight: no room.
-                    error = await anyio.to_thread.run_sync(
-                        lambda: initialize_refusal(limited, plaintext)
-                    )
+                    error = await initialize_refusal(http, limited, plaintext)
                     assert error is not None
                     assert error["data"]["code"] == "RATE_LIMITED"
                     assert error["data"]["details"] == {"limit": "openSessions", "max": BOUND}
