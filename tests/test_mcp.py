@@ -354,6 +354,8 @@ def test_no_key_a_wrong_key_and_a_revoked_key_are_refused_with_why(stack: Stack)
         assert response.status_code == 401
         assert response.headers["www-authenticate"].startswith("Bearer ")
         assert response.json()["error"]["data"]["reason"] == reason
+        # ACP's "authentication required", as the JSON-RPC door answers a refused key.
+        assert response.json()["error"]["code"] == -32000
     assert_healthy(stack)
 
 

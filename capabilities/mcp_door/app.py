@@ -23,8 +23,10 @@ from starlette.types import Receive, Scope, Send
 
 from capabilities.access import credentials
 from capabilities.access.principal import Principal
+from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import server, sessions
 from capabilities.mcp_door.tool_calls import PRINCIPAL_SCOPE_KEY
+from capabilities.protocol import ErrorCode
 from capabilities.protocol.closes import REFUSAL_MESSAGES
 
 PATH = "/mcp"
@@ -115,11 +117,13 @@ async def _authenticate(scope: Scope) -> tuple[Principal | None, Response | None
 
 
 def _refusal(reason: str) -> Response:
+    # The code ACP gives "authentication required", from the one table.
+    code, _ = jsonrpc_error(ErrorCode.PERMISSION_DENIED)
     body = {
         "jsonrpc": "2.0",
         "id": None,
         "error": {
-            "code": -32001,
+            "code": code,
             "message": REFUSAL_MESSAGES[reason],
             "data": {"reason": reason},
         },
