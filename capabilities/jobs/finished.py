@@ -14,14 +14,23 @@ from capabilities.jobs import lifecycle, notes
 from capabilities.models import Job
 
 
-def settle_and_tell(job: Job, outcome: lifecycle.Outcome, response: dict[str, Any] | None) -> bool:
+def settle_and_tell(
+    job: Job,
+    outcome: lifecycle.Outcome,
+    response: dict[str, Any] | None,
+    *,
+    answered_here: bool = False,
+) -> bool:
     """Settle finished work and tell the session; False if something settled it first.
 
     `response`: the call's ABPResponse for the note, or None for the connection to
-    read it from the database (files, large results).
+    read it from the database (files, large results). `answered_here`: the caller is
+    the connection holding the call, which claims its delivery in the same write and
+    answers at once, so nobody else is told.
     """
-    if lifecycle.settle(job.id, outcome, work_stopped=True):
-        notes.notify(str(job.session_id), notes.job_settled(job.call_id, response))
+    if lifecycle.settle(job.id, outcome, work_stopped=True, delivered=answered_here):
+        if not answered_here:
+            notes.notify(str(job.session_id), notes.job_settled(job.call_id, response))
         return True
     lifecycle.record_stopped(job.id)
     return False

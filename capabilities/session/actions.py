@@ -38,6 +38,8 @@ class CallRecord:
     delivered: bool
     seconds_left: float
     """Until its deadline (meaningful while active)."""
+    age_seconds: float = 0.0
+    """Since its job was written: a call's duration runs from there, on every door."""
 
 
 # -- socket ----------------------------------------------------------------------------

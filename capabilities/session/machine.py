@@ -114,6 +114,7 @@ class InFlight:
     job_id: str
     progress_token: str | int | None
     started: float
+    """On the session's clock, when the call's job was written."""
     own: bool
     """Asked on this connection (not adopted from another of the session's)."""
 
@@ -471,7 +472,7 @@ class Session:
             request_id=self._wire.load_id(call.request_id),
             job_id=call.job_id,
             progress_token=call.progress_token,
-            started=self._clock(),
+            started=self._clock() - call.age_seconds,
             own=own,
         )
         if own:

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from capabilities.access.principal import Principal
 from capabilities.calls import (
+    answers,
     budgets,
     cancellation,
     local_lane,
@@ -22,7 +23,7 @@ from capabilities.calls import (
     start,
 )
 from capabilities.calls.start_ticket import StartTicket
-from capabilities.jobs import lifecycle
+from capabilities.jobs import finished, lifecycle, results
 from capabilities.models import CancelSource, Door, Job
 from capabilities.protocol import WireError
 from capabilities.session import machine
@@ -43,7 +44,6 @@ from capabilities.session.machine import Session
 
 def record_of(job: Job) -> CallRecord:
     """What the session needs to know of a stored call."""
-    left = (job.deadline - timezone.now()).total_seconds() if job.deadline else 0.0
     return CallRecord(
         call_id=job.call_id,
         request_id=job.request_id,
@@ -52,7 +52,8 @@ def record_of(job: Job) -> CallRecord:
         status=job.status,
         active=job.is_active,
         delivered=job.delivered_at is not None,
-        seconds_left=left,
+        seconds_left=answers.seconds_left(job),
+        age_seconds=results.duration_ms(job, settled_at=timezone.now()) / 1000,
     )
 
 
@@ -124,11 +125,10 @@ class SessionIO:
         self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]
     ) -> list[Action]:
         """Settle a local run and claim its delivery in one statement; its answer if won."""
-        won = await database_sync_to_async(lifecycle.settle)(
-            job.id, outcome, work_stopped=True, delivered=True
+        won = await database_sync_to_async(finished.settle_and_tell)(
+            job, outcome, response, answered_here=True
         )
         if not won:  # whoever settled it first tells the session
-            await database_sync_to_async(lifecycle.record_stopped)(job.id)
             return []
         claim = ClaimResult(call_id=job.call_id, job_id=str(job.id), response=response)
         return self.session.result_claimed(claim, response)
