@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import mcp_types as types
 from channels.db import database_sync_to_async
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -35,12 +36,20 @@ from mcp_types import methods
 from mcp_types.jsonrpc import HEADER_MISMATCH
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from capabilities.calls import budgets, cancellation, held_sessions, session_records, start
+from capabilities.calls import (
+    answers,
+    budgets,
+    cancellation,
+    held_sessions,
+    session_records,
+    start,
+)
 from capabilities.mcp_door import sessions, task_rows, tasks_wire, tool_calls, tools
 from capabilities.models import CancelSource, Job
 from capabilities.work import registry
 
 CANCEL_REASON = "MCP tasks/cancel"
+ABANDONED_REASON = "MCP request cancelled before its task was answered"
 # The per-call session row of a task, closed once its job exists.
 ROW_CLOSED_REASON = "MCP task created"
 _VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -83,7 +92,11 @@ def _runs_as_task(ctx: ServerRequestContext[Any, Any], params: types.CallToolReq
 async def start_task(
     ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
 ) -> HandlerResult:
-    """Start the call as a job; its task, or the refusal a plain call would have had."""
+    """Start the call as a job; its task, or the refusal a plain call would have had.
+
+    A request cancelled before the job exists leaves none running: nobody would
+    know its task id (`answers.start_for_caller`).
+    """
     principal = tool_calls.principal_of(ctx)
     try:
         session_id, own_row = await sessions.session_for(ctx, principal)
@@ -91,14 +104,16 @@ async def start_task(
         return tools.refusal_result(over.error)
     call_id = task_rows.new_call_id(task_rows.retention_ms())
     request = tool_calls.call_request(ctx, params, session_id, call_id=call_id, progress=None)
+    job: Job | None = None
     try:
-        job = await start.start(principal, request)
+        job = await answers.start_for_caller(principal, request, cancel_reason=ABANDONED_REASON)
     except start.CallRefused as refused:
-        if own_row:
-            await sessions.end_session(session_id)  # nothing runs in it
         return tools.refusal_result(refused.error)
-    if own_row:
-        await _let_go(session_id)
+    finally:
+        if own_row:
+            with anyio.CancelScope(shield=True):
+                # No job (refused, or cancelled): the row ends as a plain call's does.
+                await (_let_go(session_id) if job is not None else sessions.end_session(session_id))
     return tasks_wire.created(job)
 
 
