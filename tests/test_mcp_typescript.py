@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
-from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
+from capabilities.access import agent_keys
+from capabilities.models import AgentKey, AgentSession, CancelSource, Door, Job, JobStatus
 from tests.support.node_scripts import node_for, report_of
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
@@ -30,9 +32,12 @@ def node() -> str:
     return node_for(PACKAGE, "@modelcontextprotocol/sdk")
 
 
-def mcp_client(node: str, stack: Stack, script: str, *args: str) -> Any:
+def mcp_client(node: str, stack: Stack, script: str, *args: str, key: str | None = None) -> Any:
     """Run a script; its report, while it holds its session (DELETE /mcp on the way out)."""
-    return report_of(node, PACKAGE, script, args, {"ABP_MCP_URL": f"{stack.http_url}/mcp"})
+    env = {"ABP_MCP_URL": f"{stack.http_url}/mcp"}
+    if key is not None:
+        env["ABP_AGENT_KEY"] = key
+    return report_of(node, PACKAGE, script, args, env)
 
 
 def jobs_of(report: dict[str, Any]) -> list[Job]:
@@ -140,3 +145,28 @@ def test_the_experimental_tasks_client_cancels_a_task_with_tasks_cancel(
     # A cancelled task stays cancelled: cancelling it again is -32602.
     assert report["secondCancel"]["rejected"]["code"] == -32602
     assert report["messages"][0]["type"] == "taskCreated"
+
+
+# -- the v2 client (@modelcontextprotocol/client), both eras ----------------------------
+
+
+@pytest.mark.parametrize(("mode", "version"), [("auto", "2026-07-28"), ("legacy", "2025-11-25")])
+def test_the_v2_clients_concurrent_calls_all_run_and_its_abort_stops_the_job(
+    node: str, stack: Stack, mode: str, version: str
+) -> None:
+    count = 20
+    # A key that may hold two sessions: twenty calls in flight are never sessions.
+    key, plaintext = agent_keys.create_key(f"v2 client {mode}")
+    AgentKey.objects.filter(pk=key.pk).update(max_open_sessions=2)
+    since = timezone.now()
+    with mcp_client(node, stack, "client_v2.mjs", mode, str(count), key=plaintext) as report:
+        assert report["protocolVersion"] == version
+        # Never refused for sessions: every call ran, each with its own answer.
+        assert [result.get("code") for result in report["results"]] == [None] * count
+        htmls = sorted(result["html"] for result in report["results"])
+        assert htmls == sorted(f"<h1>Call {n}</h1>" for n in range(count))
+        assert report["progressed"] is True
+        assert report["aborted"] is not None
+        sleep_jobs = Job.objects.filter(capability="test.sleep", created_at__gte=since)
+        job = eventually(lambda: sleep_jobs.filter(stopped_at__isnull=False).first(), timeout=5)
+        assert (job.status, job.cancel_source) == (JobStatus.CANCELLED, CancelSource.AGENT)
