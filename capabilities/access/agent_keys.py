@@ -52,6 +52,7 @@ def create_key(
     max_concurrent_calls: int | None = None,
     max_queued_calls: int | None = None,
     calls_per_minute: int | None = None,
+    max_open_sessions: int | None = None,
 ) -> tuple[AgentKey, str]:
     """A new key: the row, and the plaintext key (never stored, shown once)."""
     key = AgentKey(
@@ -59,6 +60,7 @@ def create_key(
         max_concurrent_calls=max_concurrent_calls,
         max_queued_calls=max_queued_calls,
         calls_per_minute=calls_per_minute,
+        max_open_sessions=max_open_sessions,
     )
     plaintext = assign_secret(key)
     key.save()

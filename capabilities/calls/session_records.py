@@ -51,8 +51,12 @@ def record_session(
     origin: str,
     features: dict[str, bool] | None = None,
     resume_hash: str = "",
+    per_call: bool = False,
 ) -> None:
-    """Record a new session of any door: who opened it, through which door, from where."""
+    """Record a new session of any door: who opened it, through which door, from where.
+
+    `per_call`: the row of one session-less call, never counted as an open session.
+    """
     AgentSession.objects.create(
         id=session_id,
         door=door,
@@ -66,6 +70,7 @@ def record_session(
         client_address=principal.client_address[:100],
         principal=principal.rate_limit_id[:120],
         resume_hash=resume_hash,
+        per_call=per_call,
     )
 
 

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import anyio
 from channels.db import database_sync_to_async
-from django.db import transaction
 from django.utils import timezone
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
@@ -149,6 +148,16 @@ async def end_session(session_id: str) -> None:
     await database_sync_to_async(_end)(session_id)
 
 
+async def let_go(session_id: str, reason: str) -> None:
+    """A per-call row whose call outlives its request (a task): closed, its call left running.
+
+    Not held any more, and closed, so the reaper never looks at it; the task is found
+    by its key, not by this row.
+    """
+    held_sessions.release(_holder(session_id))
+    await database_sync_to_async(session_records.close_session)(session_id, reason)
+
+
 async def _per_call_session(opener: _Opener, principal: Principal) -> str:
     session_id = str(uuid.uuid4())
     # Seen while its call runs: the reaper ends rows nobody holds.
@@ -228,12 +237,12 @@ def _ensure_open(session_id: str, opener: _Opener, principal: Principal) -> None
 
 
 def _write_per_call(session_id: str, opener: _Opener, principal: Principal) -> None:
-    with transaction.atomic():
-        _record(session_id, opener, principal)
-        AgentSession.objects.filter(pk=session_id).update(per_call=True)
+    _record(session_id, opener, principal, per_call=True)
 
 
-def _record(session_id: str, opener: _Opener, principal: Principal) -> None:
+def _record(
+    session_id: str, opener: _Opener, principal: Principal, *, per_call: bool = False
+) -> None:
     session_records.record_session(
         session_id,
         principal,
@@ -241,6 +250,7 @@ def _record(session_id: str, opener: _Opener, principal: Principal) -> None:
         agent=opener.agent,
         protocol_version=opener.protocol_version,
         origin=opener.origin,
+        per_call=per_call,
     )
 
 

@@ -30,9 +30,10 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods
 
 from capabilities.calls import budgets, cancellation, start
+from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import call_watch, sdk_seams, sessions, task_rows, tool_calls, tools
 from capabilities.models import CancelSource, Job
-from capabilities.protocol import ErrorCode, WireError
+from capabilities.protocol import WireError
 from capabilities.work import registry
 
 TASKS_VERSION = "2025-11-25"
@@ -45,10 +46,6 @@ CAPABILITY = types.ServerTasksCapability(
         tools=types.TasksToolsCapability(call=types.TasksCallCapability())
     ),
 ).model_dump(by_alias=True, mode="json", exclude_none=True)
-# ABP errors a refused task reports as -32602; the rest are -32603, the ABP error as data.
-_PARAMS_ERRORS = frozenset(
-    {ErrorCode.INVALID_PARAMS, ErrorCode.MISSING_PARAM, ErrorCode.INVALID_TYPE}
-)
 _SETTLE_NOTES = frozenset({"job.settled", "job.returned"})
 
 
@@ -119,8 +116,9 @@ def _ttl_granted(task: types.TaskMetadata) -> int:
 
 
 def _refused(error: WireError) -> MCPError:
-    # No job, so no task: the request itself fails, with the ABP error as data.
-    code = types.INVALID_PARAMS if error.code in _PARAMS_ERRORS else types.INTERNAL_ERROR
+    # No job, so no task: the request itself fails, with the ABP error as data and the
+    # code /abp/rpc answers it with (the one table).
+    code, _ = jsonrpc_error(error.code)
     return MCPError(code, error.message, data=error.to_json())
 
 

@@ -40,8 +40,6 @@ from capabilities.calls import (
     answers,
     budgets,
     cancellation,
-    held_sessions,
-    session_records,
     start,
 )
 from capabilities.mcp_door import sessions, task_rows, tasks_wire, tool_calls, tools
@@ -113,19 +111,12 @@ async def start_task(
         if own_row:
             with anyio.CancelScope(shield=True):
                 # No job (refused, or cancelled): the row ends as a plain call's does.
-                await (_let_go(session_id) if job is not None else sessions.end_session(session_id))
+                await (
+                    sessions.let_go(session_id, ROW_CLOSED_REASON)
+                    if job is not None
+                    else sessions.end_session(session_id)
+                )
     return tasks_wire.created(job)
-
-
-async def _let_go(session_id: str) -> None:
-    """The task's per-call row: closed, not ended (that cancels its calls), and not held.
-
-    Nothing else needs the row: the task is found by its key, and a closed row is
-    one the reaper never looks at.
-    """
-    # sessions.py holds a per-call row under this name while its call runs.
-    held_sessions.release(f"mcp:{session_id}")
-    await database_sync_to_async(session_records.close_session)(session_id, ROW_CLOSED_REASON)
 
 
 async def get_task(

@@ -141,13 +141,17 @@ def _window_statement(vendor: str) -> str:
 
 @functools.cache
 def _sessions_statement(vendor: str) -> str:
-    """Open sessions by door, held by a connection or detached (waiting for a resume)."""
+    """Open sessions by door, held by a connection or detached (waiting for a resume).
+
+    A session-less MCP call's own row is a call, not a session: it is left out.
+    """
     quote = connection.ops.quote_name
     detached = f"CASE WHEN {_column(AgentSession, 'detached_at')} IS NULL THEN 0 ELSE 1 END"
     door = _column(AgentSession, "door")
     return (
         f"SELECT {door}, {detached}, COUNT(*) FROM {quote(AgentSession._meta.db_table)}"
-        f" WHERE {_column(AgentSession, 'closed_at')} IS NULL GROUP BY {door}, {detached}"
+        f" WHERE {_column(AgentSession, 'closed_at')} IS NULL"
+        f" AND NOT {_column(AgentSession, 'per_call')} GROUP BY {door}, {detached}"
     )
 
 

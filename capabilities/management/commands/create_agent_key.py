@@ -39,10 +39,8 @@ class Command(BaseCommand):
             max_concurrent_calls=options["max_concurrent_calls"],
             max_queued_calls=options["max_queued_calls"],
             calls_per_minute=options["calls_per_minute"],
+            max_open_sessions=options["max_open_sessions"],
         )
-        if options["max_open_sessions"] is not None:
-            key.max_open_sessions = options["max_open_sessions"]
-            key.save(update_fields=["max_open_sessions"])
         if options["quiet"]:
             self.stdout.write(plaintext)
             return
