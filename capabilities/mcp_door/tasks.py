@@ -29,7 +29,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods
 
-from capabilities.calls import budgets, cancellation, start
+from capabilities.calls import answers, budgets, cancellation, start
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import call_watch, sdk_seams, sessions, task_rows, tool_calls, tools
 from capabilities.models import CancelSource, Job
@@ -39,6 +39,7 @@ from capabilities.work import registry
 TASKS_VERSION = "2025-11-25"
 RELATED_TASK_META = "io.modelcontextprotocol/related-task"
 CANCEL_REASON = "MCP tasks/cancel"
+ABANDONED_REASON = "MCP request cancelled before its task was answered"
 CAPABILITY = types.ServerTasksCapability(
     list=types.TasksListCapability(),
     cancel=types.TasksCancelCapability(),
@@ -103,7 +104,8 @@ async def start_task(ctx: ServerRequestContext[Any, Any]) -> types.CreateTaskRes
     call_id = task_rows.new_call_id(_ttl_granted(params.task))
     request = tool_calls.call_request(ctx, params, session_id, call_id=call_id, progress=None)
     try:
-        job = await start.start(principal, request)
+        # A request cancelled before it is answered leaves no task nobody knows of.
+        job = await answers.start_for_caller(principal, request, cancel_reason=ABANDONED_REASON)
     except start.CallRefused as refused:
         raise _refused(refused.error) from None
     return types.CreateTaskResult(task=task_rows.task_of(job))
