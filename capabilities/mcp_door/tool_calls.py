@@ -1,11 +1,12 @@
-"""`tools/call`: one job through the call service, waited on, cancelled with the request.
+"""`tools/call`: one job through the answer core, waited on, cancelled with the request.
 
-The call service starts the job (every limit checked first); the watcher hears
-its progress and its settle. A request the client cancels (`notifications/cancelled`,
-a client timeout, or on 2026-07-28 a closed stream) is cancelled through the same
-pipeline as an ABP cancel, source agent: settled first, then the abort flag and
-the revoke. A request cut short because its MCP session ended is cancelled with
-source disconnect. A call past its deadline is settled as a timeout.
+The answer core (`calls/answers.py`) starts the job (every limit checked first) so
+that a cancel landing during the insert never leaves it running, ends it at its
+deadline (a timeout) and cancels it for the client; the watcher hears its progress
+and its settle. A request the client cancels (`notifications/cancelled`, a client
+timeout, or on 2026-07-28 a closed stream) is cancelled through the same pipeline as
+an ABP cancel, source agent: settled first, then the abort flag and the revoke. A
+request cut short because its MCP session ended is cancelled with source disconnect.
 """
 
 from __future__ import annotations
