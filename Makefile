@@ -17,6 +17,9 @@ MCP_TS := tests/mcp_typescript
 MCP_TS_STAMP := $(MCP_TS)/node_modules/.installed
 ACP_TS := tests/acp_typescript
 ACP_TS_STAMP := $(ACP_TS)/node_modules/.installed
+MCP_INSPECTOR := tests/mcp_inspector
+MCP_INSPECTOR_STAMP := $(MCP_INSPECTOR)/node_modules/.installed
+NODE_STAMPS := $(MCP_TS_STAMP) $(ACP_TS_STAMP) $(MCP_INSPECTOR_STAMP)
 
 # Not 6379: a system Redis often runs there already.
 REDIS_PORT ?= 6399
@@ -131,7 +134,7 @@ lint: deps
 # SQLite, whatever the shell says: a fresh clone needs no database server. The tests
 # marked `postgres` need one, so only test-postgres runs them.
 test: export ABP_TEST_DATABASE := sqlite
-test: deps lint $(MCP_TS_STAMP) $(ACP_TS_STAMP)
+test: deps lint $(NODE_STAMPS)
 	$(BIN)/python -m pytest -m "not postgres" $(PYTEST_ARGS)
 
 # The same suite, every test included, against PostgreSQL: tests/support/environment.py
@@ -139,7 +142,7 @@ test: deps lint $(MCP_TS_STAMP) $(ACP_TS_STAMP)
 # the stack uses it, and it is dropped when the run ends. No lint: `make test` has it.
 test-postgres: export ABP_TEST_DATABASE := postgres
 test-postgres: export TEST_DATABASE_URL := $(TEST_DATABASE_URL)
-test-postgres: deps $(MCP_TS_STAMP) $(ACP_TS_STAMP)
+test-postgres: deps $(NODE_STAMPS)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The MCP TypeScript SDK the tests drive /mcp with, from the committed lock file;
@@ -151,6 +154,12 @@ $(MCP_TS_STAMP): $(MCP_TS)/package-lock.json
 # The ACP TypeScript SDK the tests drive /abp/rpc with, the same way.
 $(ACP_TS_STAMP): $(ACP_TS)/package-lock.json
 	cd $(ACP_TS) && npm ci --no-audit --no-fund
+	@touch $@
+
+# MCP Inspector, whose CLI the tests run against /mcp, the same way (its web UI's
+# install scripts are not needed, and npm does not run them).
+$(MCP_INSPECTOR_STAMP): $(MCP_INSPECTOR)/package-lock.json
+	cd $(MCP_INSPECTOR) && npm ci --no-audit --no-fund
 	@touch $@
 
 # The side-by-side table first (bench/side_by_side.py), then the other benchmarks;
