@@ -19,6 +19,12 @@ class CapabilitiesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from capabilities import conf
+        from capabilities.work import registry
+
+        conf.install()
+        # Every installed app's `abp_capabilities` module (docs/your-capabilities.md).
+        registry.autodiscover()
         checks.register(development_password_in_use, checks.Tags.security)
         checks.register(local_lane_time_limit)
         if settings.ABP["ALLOW_ANONYMOUS"]:

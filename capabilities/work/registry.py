@@ -18,7 +18,7 @@ from importlib import import_module
 from typing import Any, Literal, cast
 
 from django.conf import settings
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules, import_string
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
@@ -309,6 +309,11 @@ def all_specs() -> tuple[CapabilitySpec, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"Duplicate capability names: {names}")
     return specs
+
+
+def autodiscover() -> None:
+    """Import every installed app's `abp_capabilities` module (app start)."""
+    autodiscover_modules("abp_capabilities")
 
 
 def _import_attr(path: str) -> object:
