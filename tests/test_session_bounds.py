@@ -178,7 +178,8 @@ def test_mcp_refuses_at_initialize_when_nothing_can_make_room(limited: str) -> N
                 params = {"name": "test.sleep", "arguments": LONG}
                 async with busy.request(1, "tools/call", params):
                     session_id = uuid.UUID(hex=busy.session_id)
-                    await anyio.to_thread.run_sync(
+                    # In a thread that closes its connection (psycopg warns otherwise).
+                    await in_thread(
                         lambda: eventually(
                             lambda: Job.objects.filter(
                                 session_id=session_id, status=JobStatus.RUNNING
