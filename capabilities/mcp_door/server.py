@@ -11,7 +11,15 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
 from capabilities.calls import availability
-from capabilities.mcp_door import extensions, sessions, tasks, tasks_extension, tool_calls, tools
+from capabilities.mcp_door import (
+    early_cancels,
+    extensions,
+    sessions,
+    tasks,
+    tasks_extension,
+    tool_calls,
+    tools,
+)
 
 
 async def list_tools(
@@ -37,4 +45,8 @@ def build() -> Server[Any]:
     extensions.apply(server, tasks_extension.TasksExtension())
     # A stateful session's row is written (or refused: no room) when it initializes.
     server.middleware.append(sessions.admit_at_initialize(tool_calls.principal_of))
+    # A cancel that overtakes its call (2025-11-25) still cancels it.
+    server.add_notification_handler(
+        "notifications/cancelled", types.CancelledNotificationParams, early_cancels.on_cancelled
+    )
     return server

@@ -7,6 +7,7 @@ and its settle. A request the client cancels (`notifications/cancelled`, a clien
 timeout, or on 2026-07-28 a closed stream) is cancelled through the same pipeline as
 an ABP cancel, source agent: settled first, then the abort flag and the revoke. A
 request cut short because its MCP session ended is cancelled with source disconnect.
+A `notifications/cancelled` that overtakes its call cancels it too (early_cancels.py).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from mcp.shared.exceptions import MCPError
 
 from capabilities.access.principal import Principal
 from capabilities.calls import answers, budgets, start
-from capabilities.mcp_door import call_watch, sessions, tools
+from capabilities.jsonrpc.error_codes import jsonrpc_error
+from capabilities.mcp_door import call_watch, early_cancels, sessions, tools
 from capabilities.models import CancelSource, Job
+from capabilities.protocol import ErrorCode
 from capabilities.work import registry
 
 logger = logging.getLogger(__name__)
@@ -39,6 +42,21 @@ async def call_tool(
     """Run the capability named by the tool; its result, or its error with isError."""
     if registry.get(params.name) is None:
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+    try:
+        with early_cancels.running(ctx) as scope:
+            result = await _call(ctx, params)
+        if not scope.cancelled_caught:
+            return result
+    except early_cancels.Overtaken:
+        pass
+    # Cancelled by a `notifications/cancelled` the SDK did not see to (early_cancels.py).
+    code, message = jsonrpc_error(ErrorCode.CANCELLED)
+    raise MCPError(code, message)
+
+
+async def _call(
+    ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
     principal = principal_of(ctx)
     own_session: str | None = None
     try:
