@@ -288,6 +288,32 @@ def test_a_cancel_after_the_call_finished_leaves_it_succeeded(stack: Stack) -> N
     assert job.cancel_source == ""
 
 
+def test_a_cancel_that_overtakes_its_call_still_cancels_it(stack: Stack) -> None:
+    found: dict[str, Any] = {}
+
+    async def scenario(session: RawSession) -> None:
+        # Its own POST, so it can reach the server first: here it surely does.
+        taken = await session.notify("notifications/cancelled", {"requestId": 9})
+        assert taken.status_code == 202
+        params = {"name": "test.sleep", "arguments": LONG}
+        async with session.request(9, "tools/call", params) as messages:
+            found["answer"] = [m async for m in messages if m.get("id") == 9]
+        # A later call with another id runs as usual.
+        short = {"name": "test.sleep", "arguments": SHORT}
+        async with session.request(10, "tools/call", short) as messages:
+            found["next"] = [m async for m in messages if m.get("id") == 10]
+        found["session"] = session.session_id
+
+    raw(stack, scenario)
+    [answer] = found["answer"]
+    assert answer["error"]["code"] == -32800
+    [following] = found["next"]
+    assert following["result"]["isError"] is False
+    # Nothing was stored for the cancelled call: the session's one job is the next one.
+    [job] = Job.objects.filter(session_id=uuid.UUID(hex=found["session"]))
+    assert job.status == JobStatus.SUCCEEDED
+
+
 def test_ending_the_mcp_session_cancels_its_running_calls_as_a_disconnect(stack: Stack) -> None:
     found: dict[str, Any] = {}
 
