@@ -1,92 +1,10 @@
-"""ASGI entry point: HTTP through Django (but /mcp and /abp/uploads), WebSocket through Channels."""
+"""ASGI entry point: the demo's Django with the app's doors (capabilities/asgi.py)."""
 
 import os
-import sys
-from typing import Any
 
 from django.core.asgi import get_asgi_application
 
-# The event loop and the ORM's worker thread hand the GIL to each other on every
-# settle; Python's default 5 ms hand-over would dominate a cancel's confirmation.
-sys.setswitchinterval(0.0005)
+from capabilities.asgi import with_abp
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "abpsite.settings")
-django_asgi_app = get_asgi_application()
-
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 - after setup
-
-from abpsite.proxies import behind_trusted_proxies  # noqa: E402
-from capabilities.mcp_door.app import MCPDoor, routed  # noqa: E402
-from capabilities.transport.browser_origins import browser_origin_validator  # noqa: E402
-from capabilities.transport.hosts import AllowedHostsValidator  # noqa: E402
-from capabilities.transport.routing import websocket_urlpatterns  # noqa: E402
-from capabilities.web import uploads, uploads_early_limit  # noqa: E402
-
-
-def _close_oversized_frames_with_1009() -> None:
-    """Make Daphne answer a frame over its size limit with close code 1009.
-
-    Daphne enforces `--websocket-max-message-size` through autobahn, whose factory
-    defaults to `failByDrop`: the TCP connection is dropped without a close frame.
-    Autobahn also refuses 1009 from application code, so this option is the only
-    way the agent learns why it was disconnected, as PROTOCOL.md promises.
-    """
-    from daphne.ws_protocol import WebSocketFactory
-
-    reset = WebSocketFactory.resetProtocolOptions
-
-    def reset_without_drop(self: WebSocketFactory) -> None:
-        reset(self)
-        self.failByDrop = False
-
-    WebSocketFactory.resetProtocolOptions = reset_without_drop
-
-
-def _refuse_sends_after_disconnect() -> None:
-    """Make a WebSocket send on a closed connection raise, as the ASGI spec says.
-
-    ASGI's WebSocket spec (2.4): a send on a closed connection raises an OSError
-    subclass (uvicorn does since 0.27). Daphne 4
-    drops it without a word once the client is gone, so a result sent between the
-    client's close and our disconnect handler would look delivered and be lost to
-    the agent's resume. Raising lets the consumer give the result back.
-    """
-    from daphne.server import Server
-
-    handle_reply = Server.handle_reply
-
-    async def handle_reply_or_raise(
-        self: Server, protocol: object, message: dict[str, Any]
-    ) -> None:
-        details = self.connections.get(protocol)
-        if message.get("type") == "websocket.send" and (
-            details is None or details.get("disconnected")
-        ):
-            raise ConnectionClosedError("The WebSocket is closed.")
-        await handle_reply(self, protocol, message)
-
-    Server.handle_reply = handle_reply_or_raise
-
-
-class ConnectionClosedError(OSError):
-    """A send on a WebSocket the client already closed."""
-
-
-_close_oversized_frames_with_1009()
-_refuse_sends_after_disconnect()
-uploads_early_limit.install()
-
-# The client's address comes from trusted proxies' headers before anything reads it:
-# Django's REMOTE_ADDR and the consumer's per-address budgets alike.
-application = behind_trusted_proxies(
-    ProtocolTypeRouter(
-        {
-            # /mcp is the MCP door (capabilities/mcp_door/), /abp/uploads takes raw
-            # bytes to storage (capabilities/web/uploads.py), the rest is Django.
-            "http": routed(MCPDoor(), uploads.in_front_of(django_asgi_app)),
-            "websocket": AllowedHostsValidator(
-                browser_origin_validator(URLRouter(websocket_urlpatterns))
-            ),
-        }
-    )
-)
+application = with_abp(get_asgi_application())

@@ -5,6 +5,7 @@ Every key is listed, with its default, in `.env.example`.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import os
 from pathlib import Path
@@ -17,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from abpsite.safety import DEVELOPMENT_SECRET_KEY, production_problems
 from abpsite.static_headers import add_headers
+from capabilities.conf import DEFAULTS, METRICS_DEFAULTS, STORAGE_DEFAULTS
 
 # Lets admin.ModelAdmin[Job] and friends be subscripted at run time, as typed.
 django_stubs_ext.monkeypatch()
@@ -46,8 +48,14 @@ def _origin_of(url: str) -> list[str]:
     return [f"{parts.scheme}://{parts.netloc}"] if parts.scheme and parts.netloc else []
 
 
-def _env_list(name: str, default: str = "") -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+def _env_list(name: str, default: str | list[str] = "") -> list[str]:
+    """A comma-separated list from the environment; unset: `default` (a list, or text)."""
+    value = os.environ.get(name)
+    if value is None and isinstance(default, list):
+        return list(default)
+    text = default if value is None else value
+    assert isinstance(text, str)
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def _env_map(name: str) -> dict[str, str]:
@@ -167,7 +175,8 @@ ASGI_APPLICATION = "abpsite.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # The app's templates are in its package (APP_DIRS).
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -227,7 +236,6 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 # Only for `collectstatic` (e.g. to hand the files to a CDN): WhiteNoise serves them
 # from the apps' folders without it.
 STATIC_ROOT = (
@@ -284,15 +292,17 @@ STORAGES: dict[str, dict[str, Any]] = {
 # store's signed URL, valid ABP_DOWNLOAD_REDIRECT_SECONDS at most.
 ABP_STORAGE: dict[str, Any] = {
     "BACKEND": _STORAGE_BACKEND,
-    "DOWNLOAD_REDIRECT": _env_bool("ABP_DOWNLOAD_REDIRECT", False),
-    "DOWNLOAD_REDIRECT_SECONDS": _env_int("ABP_DOWNLOAD_REDIRECT_SECONDS", 60),
+    "DOWNLOAD_REDIRECT": _env_bool("ABP_DOWNLOAD_REDIRECT", STORAGE_DEFAULTS["DOWNLOAD_REDIRECT"]),
+    "DOWNLOAD_REDIRECT_SECONDS": _env_int(
+        "ABP_DOWNLOAD_REDIRECT_SECONDS", STORAGE_DEFAULTS["DOWNLOAD_REDIRECT_SECONDS"]
+    ),
 }
 if ABP_STORAGE["DOWNLOAD_REDIRECT"] and _STORAGE_BACKEND == "filesystem":
     raise ImproperlyConfigured("ABP_DOWNLOAD_REDIRECT needs a store that signs URLs (s3).")
 if not 1 <= ABP_STORAGE["DOWNLOAD_REDIRECT_SECONDS"] <= 7 * 24 * 3600:
     raise ImproperlyConfigured("ABP_DOWNLOAD_REDIRECT_SECONDS must be 1 to 604800 (7 days).")
-# Served straight from the apps' and STATICFILES_DIRS' folders: no collectstatic step
-# to forget; WhiteNoise answers with CORS allowed (module imports from other sites).
+# Served straight from the apps' folders: no collectstatic step to forget; WhiteNoise
+# answers with CORS allowed (module imports from other sites).
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 WHITENOISE_ADD_HEADERS_FUNCTION = add_headers
@@ -314,14 +324,9 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 # One Celery queue per cost class, each with workers of its own, so a small call never
 # waits behind a long render (capabilities/jobs/queue.py; docs/operating.md#queues).
-SMALL_QUEUE = os.environ.get("ABP_SMALL_QUEUE", "abp.small")
-HEAVY_QUEUE = os.environ.get("ABP_HEAVY_QUEUE", "abp.heavy")
+SMALL_QUEUE = os.environ.get("ABP_SMALL_QUEUE", DEFAULTS["QUEUES"]["small"])
+HEAVY_QUEUE = os.environ.get("ABP_HEAVY_QUEUE", DEFAULTS["QUEUES"]["heavy"])
 CELERY_TASK_DEFAULT_QUEUE = HEAVY_QUEUE
-# Housekeeping is small work: the reaper must not wait behind renders.
-CELERY_TASK_ROUTES = {
-    "abp.reap": {"queue": SMALL_QUEUE},
-    "abp.clean_up": {"queue": SMALL_QUEUE},
-}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -340,193 +345,162 @@ CELERY_DB_REUSE_MAX = 1000
 # A child is replaced after a task leaves it above this (KiB). Measured: 106 MiB after
 # warm-up, 200-210 MiB after 400-page renders (memory WeasyPrint does not give back).
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = _env_int("CELERY_WORKER_MAX_MEMORY_PER_CHILD", 300_000)
-CELERY_BEAT_SCHEDULE = {
-    "abp-reap": {
-        "task": "abp.reap",
-        "schedule": _env_float("ABP_REAPER_INTERVAL_SECONDS", 2.0),
-    },
-    "abp-clean-up": {"task": "abp.clean_up", "schedule": 3600.0},
-}
 
-_LOCAL_ORIGINS = "http://localhost:*,http://127.0.0.1:*"
+_LOCAL_ORIGINS = ["http://localhost:*", "http://127.0.0.1:*"]
 
-# Everything the ABP engine reads, in one namespace (like REST_FRAMEWORK).
+# Everything the ABP engine reads, in one namespace (like REST_FRAMEWORK): the app's
+# defaults (capabilities/conf.py, where each key is explained) under what the
+# environment sets; development is more permissive.
 ABP: dict[str, Any] = {
-    "APP_ID": os.environ.get("ABP_APP_ID", "abp-jobs"),
-    "APP_NAME": os.environ.get("ABP_APP_NAME", "ABP Jobs"),
-    "APP_VERSION": "0.1.0",
-    "APP_DESCRIPTION": "Cancellable PDF export and image processing for AI agents.",
-    # The WebSocket frame limit (ABP_MAX_FRAME_BYTES) is enforced by Daphne, which
-    # reads it from its command line (Procfile, docker-compose.yml). The embed bridge
-    # reads the same number from here to refuse a larger message itself, with a coded
-    # error, instead of relaying it and losing the whole socket to a 1009 close.
-    "MAX_FRAME_BYTES": _env_int("ABP_MAX_FRAME_BYTES", 16 * 1024 * 1024),
-    # Origins (scheme://host[:port], exact; `:*` for any port) whose pages may embed
-    # /abp/embed/ and talk ABP to it by postMessage. The app's own origin always may.
-    # Empty in production unless set; in DEBUG it defaults to any port on localhost and
-    # 127.0.0.1, so that a local page can embed the app without configuration.
+    **copy.deepcopy(DEFAULTS),
+    "APP_ID": os.environ.get("ABP_APP_ID", DEFAULTS["APP_ID"]),
+    "APP_NAME": os.environ.get("ABP_APP_NAME", DEFAULTS["APP_NAME"]),
+    "MAX_FRAME_BYTES": _env_int("ABP_MAX_FRAME_BYTES", DEFAULTS["MAX_FRAME_BYTES"]),
+    # In development, local pages may embed the app and open its WebSocket, and agents
+    # without a key are let in (production refuses that).
     "EMBED_ALLOWED_ORIGINS": _env_list(
-        "ABP_EMBED_ALLOWED_ORIGINS", _LOCAL_ORIGINS if DEVELOPMENT else ""
+        "ABP_EMBED_ALLOWED_ORIGINS",
+        _LOCAL_ORIGINS if DEVELOPMENT else DEFAULTS["EMBED_ALLOWED_ORIGINS"],
     ),
-    # Browser origins (full, as above) whose pages may open the WebSocket: the origin
-    # the app's own pages are served from, and any page using client.js directly.
-    # Clients that send no Origin header (agents outside a browser) are not checked
-    # here; they need a key. Required in production.
-    "ALLOWED_ORIGINS": _env_list("ABP_ALLOWED_ORIGINS", _LOCAL_ORIGINS if DEVELOPMENT else ""),
-    # WebSocket clients with no credential at all are let in (development only:
-    # production refuses to start with it on; a warning is logged at start).
+    "ALLOWED_ORIGINS": _env_list(
+        "ABP_ALLOWED_ORIGINS", _LOCAL_ORIGINS if DEVELOPMENT else DEFAULTS["ALLOWED_ORIGINS"]
+    ),
     "ALLOW_ANONYMOUS": _env_bool("ABP_ALLOW_ANONYMOUS", DEVELOPMENT),
-    # The app's pages get a signed token for their WebSocket, valid this long for
-    # opening connections (an open connection stays open).
-    "PAGE_TOKEN_MAX_AGE_SECONDS": _env_int("ABP_PAGE_TOKEN_MAX_AGE_SECONDS", 600),
-    # Jobs of one agent key (or client address) running at once: its share of the
-    # workers. More wait in the database, queued, and start as its jobs end; other
-    # agents' jobs go first while it holds more slots than they do
-    # (capabilities/jobs/dispatch.py). An agent key may set its own.
-    "MAX_CONCURRENT_CALLS": _env_int("ABP_MAX_CONCURRENT_CALLS", 16),
-    # Calls queued or running at once in one session; more are refused with
-    # RATE_LIMITED and retryAfter (QUEUE_FULL_RETRY_AFTER_MS). An agent key may set its own.
-    "MAX_QUEUED_CALLS": _env_int("ABP_MAX_QUEUED_CALLS", 1000),
-    "QUEUE_FULL_RETRY_AFTER_MS": _env_int("ABP_QUEUE_FULL_RETRY_AFTER_MS", 1000),
-    # Queued jobs that hear their new place in line each time their agent's line
-    # moves (progress, stage "queued"); the rest heard it when they were accepted.
-    "QUEUE_POSITION_UPDATES": _env_int("ABP_QUEUE_POSITION_UPDATES", 20),
-    # A job handed to Celery but not started after this long is handed over again
-    # (its message was lost with a worker); starting is conditional, so it runs once.
-    "REDISPATCH_AFTER_SECONDS": _env_float("ABP_REDISPATCH_AFTER_SECONDS", 30.0),
-    # Live workers: each announces itself this often, in a key that expires after
-    # WORKER_TTL_SECONDS (capabilities/jobs/workers.py). A capability whose queue no
-    # live worker consumes is unavailable: new calls get CAPABILITY_UNAVAILABLE.
-    "WORKER_KEY_PREFIX": os.environ.get("ABP_WORKER_KEY_PREFIX", "abp:worker:"),
-    "WORKER_ANNOUNCE_SECONDS": _env_float("ABP_WORKER_ANNOUNCE_SECONDS", 2.0),
-    "WORKER_TTL_SECONDS": _env_float("ABP_WORKER_TTL_SECONDS", 6.0),
-    # How stale each process's view of live workers may be, and how often each
-    # Daphne looks for a change to tell connected sessions about.
-    "AVAILABILITY_POLL_SECONDS": _env_float("ABP_AVAILABILITY_POLL_SECONDS", 1.0),
-    # An MCP session with no request in flight for this long is ended (its calls
-    # were answered); its id then answers 404.
-    "MCP_SESSION_IDLE_SECONDS": _env_float("ABP_MCP_SESSION_IDLE_SECONDS", 30 * 60.0),
-    # retryAfter of CAPABILITY_UNAVAILABLE.
-    "UNAVAILABLE_RETRY_AFTER_MS": _env_int("ABP_UNAVAILABLE_RETRY_AFTER_MS", 5000),
-    # Calls per minute (sliding window) per agent key, or per client address for
-    # page tokens and anonymous clients; more are refused with RATE_LIMITED and
-    # retryAfter. An agent key may set its own.
-    "CALLS_PER_MINUTE": _env_int("ABP_CALLS_PER_MINUTE", 120),
-    # Abort flags: a key per job with a TTL longer than any job's life, plus a publish.
-    "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", "abp:abort:"),
-    "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", "abp:abort"),
-    "ABORT_TTL_SECONDS": _env_int("ABP_ABORT_TTL_SECONDS", 24 * 3600),
-    # A dropped connection's session can be resumed (initialize.resume) this long;
-    # then a periodic task cancels its calls (source disconnect). 0: cancel at once.
-    "RESUME_GRACE_SECONDS": _env_float("ABP_RESUME_GRACE_SECONDS", 60.0),
-    # A running job whose worker has not written a heartbeat for this long is failed
-    # with WORKER_LOST (retryable); workers write one every third of it.
-    "WORKER_LOST_AFTER_SECONDS": _env_float("ABP_WORKER_LOST_AFTER_SECONDS", 10.0),
-    # A worker still on a cancelled job after this long is killed (SIGKILL).
-    "HARD_KILL_GRACE_SECONDS": _env_float("ABP_HARD_KILL_GRACE_SECONDS", 3.0),
-    # Binary results up to this size are inlined as base64; larger ones are sent as
-    # a signed download URL valid for DOWNLOAD_URL_TTL_SECONDS.
-    "INLINE_RESULT_MAX_BYTES": _env_int("ABP_INLINE_RESULT_MAX_BYTES", 10 * 1024 * 1024),
-    "DOWNLOAD_URL_TTL_SECONDS": _env_int("ABP_DOWNLOAD_URL_TTL_SECONDS", 3600),
-    # Where download URLs point; empty: the host the agent's WebSocket came to.
-    "PUBLIC_BASE_URL": os.environ.get("ABP_PUBLIC_BASE_URL", ""),
-    # Result files are deleted this long after their job settled; job rows (and
-    # ended sessions without jobs) after JOB_RETENTION_DAYS.
-    "RESULT_RETENTION_SECONDS": _env_int("ABP_RESULT_RETENTION_SECONDS", 24 * 3600),
-    "JOB_RETENTION_DAYS": _env_int("ABP_JOB_RETENTION_DAYS", 30),
-    # A call without options.timeout still ends after this long.
-    "DEFAULT_TIMEOUT_MS": _env_int("ABP_DEFAULT_TIMEOUT_MS", 10 * 60 * 1000),
-    "MAX_TIMEOUT_MS": _env_int("ABP_MAX_TIMEOUT_MS", 60 * 60 * 1000),
-    # Progress reaches the agent at once; the admin's copy in the DB at most this often.
-    "PROGRESS_DB_INTERVAL_SECONDS": _env_float("ABP_PROGRESS_DB_INTERVAL_SECONDS", 0.5),
-    # export.pdf
-    "MAX_HTML_BYTES": _env_int("ABP_MAX_HTML_BYTES", 5 * 1024 * 1024),
-    "MAX_PDF_PAGES": _env_int("ABP_MAX_PDF_PAGES", 500),
-    "URL_FETCH_ALLOWED_HOSTS": _env_list("ABP_URL_FETCH_ALLOWED_HOSTS"),
-    "URL_FETCH_TIMEOUT_SECONDS": _env_float("ABP_URL_FETCH_TIMEOUT_SECONDS", 5.0),
-    "URL_FETCH_MAX_BYTES": _env_int("ABP_URL_FETCH_MAX_BYTES", 5 * 1024 * 1024),
-    # export.pdf: largest font a document may load, by the size its header declares
-    # once decompressed (WOFF/WOFF2 totalSfntSize and table lengths), checked before
-    # anything is decompressed.
-    "MAX_FONT_BYTES": _env_int("ABP_MAX_FONT_BYTES", 8 * 1024 * 1024),
-    # export.pdf: what all of one document's resources (data: URLs and fetched ones)
-    # may become in memory together: fonts by declared size, images by decoded pixels
-    # (4 bytes each), anything else by its length.
-    "MAX_PDF_RESOURCE_BYTES": _env_int("ABP_MAX_PDF_RESOURCE_BYTES", 256 * 1024 * 1024),
-    # export.pdf: most elements after parsing, and deepest nesting; checked before
-    # styling and layout, which cost far more per element than parsing. WeasyPrint's
-    # layout recursion ends at about 93 levels of inline-blocks and 132 of divs.
-    "MAX_PDF_ELEMENTS": _env_int("ABP_MAX_PDF_ELEMENTS", 50_000),
-    "MAX_PDF_DEPTH": _env_int("ABP_MAX_PDF_DEPTH", 64),
-    # convert.markdownToHtml: largest Markdown input (UTF-8 bytes).
-    "MAX_MARKDOWN_BYTES": _env_int("ABP_MAX_MARKDOWN_BYTES", 1024 * 1024),
-    # process.image: largest input image (decoded bytes).
-    "MAX_IMAGE_BYTES": _env_int("ABP_MAX_IMAGE_BYTES", 25 * 1024 * 1024),
-    # process.image: most pixels of any image (input, intermediate, output); checked on
-    # the header, before decoding. Pillow's own MAX_IMAGE_PIXELS (~89 M) caps it.
-    "MAX_IMAGE_PIXELS": _env_int("ABP_MAX_IMAGE_PIXELS", 50_000_000),
-    # process.image: longest side of any image, in pixels.
-    "MAX_IMAGE_DIMENSION": _env_int("ABP_MAX_IMAGE_DIMENSION", 16384),
-    # process.image: largest encoded output (bytes).
-    "MAX_IMAGE_OUTPUT_BYTES": _env_int("ABP_MAX_IMAGE_OUTPUT_BYTES", 50 * 1024 * 1024),
-    # Uploads (POST/PUT /abp/uploads, docs/uploads.md): raw bytes a session then names
-    # in a call instead of inline base64. Largest body (checked on Content-Length,
-    # before it is read; default: the largest binary input a capability takes), and
-    # how long an upload may be named in a call; retention deletes it later.
+    "PAGE_TOKEN_MAX_AGE_SECONDS": _env_int(
+        "ABP_PAGE_TOKEN_MAX_AGE_SECONDS", DEFAULTS["PAGE_TOKEN_MAX_AGE_SECONDS"]
+    ),
+    "MAX_CONCURRENT_CALLS": _env_int("ABP_MAX_CONCURRENT_CALLS", DEFAULTS["MAX_CONCURRENT_CALLS"]),
+    "MAX_QUEUED_CALLS": _env_int("ABP_MAX_QUEUED_CALLS", DEFAULTS["MAX_QUEUED_CALLS"]),
+    "QUEUE_FULL_RETRY_AFTER_MS": _env_int(
+        "ABP_QUEUE_FULL_RETRY_AFTER_MS", DEFAULTS["QUEUE_FULL_RETRY_AFTER_MS"]
+    ),
+    "QUEUE_POSITION_UPDATES": _env_int(
+        "ABP_QUEUE_POSITION_UPDATES", DEFAULTS["QUEUE_POSITION_UPDATES"]
+    ),
+    "REDISPATCH_AFTER_SECONDS": _env_float(
+        "ABP_REDISPATCH_AFTER_SECONDS", DEFAULTS["REDISPATCH_AFTER_SECONDS"]
+    ),
+    "WORKER_KEY_PREFIX": os.environ.get("ABP_WORKER_KEY_PREFIX", DEFAULTS["WORKER_KEY_PREFIX"]),
+    "WORKER_ANNOUNCE_SECONDS": _env_float(
+        "ABP_WORKER_ANNOUNCE_SECONDS", DEFAULTS["WORKER_ANNOUNCE_SECONDS"]
+    ),
+    "WORKER_TTL_SECONDS": _env_float("ABP_WORKER_TTL_SECONDS", DEFAULTS["WORKER_TTL_SECONDS"]),
+    "AVAILABILITY_POLL_SECONDS": _env_float(
+        "ABP_AVAILABILITY_POLL_SECONDS", DEFAULTS["AVAILABILITY_POLL_SECONDS"]
+    ),
+    "MCP_SESSION_IDLE_SECONDS": _env_float(
+        "ABP_MCP_SESSION_IDLE_SECONDS", DEFAULTS["MCP_SESSION_IDLE_SECONDS"]
+    ),
+    "UNAVAILABLE_RETRY_AFTER_MS": _env_int(
+        "ABP_UNAVAILABLE_RETRY_AFTER_MS", DEFAULTS["UNAVAILABLE_RETRY_AFTER_MS"]
+    ),
+    "CALLS_PER_MINUTE": _env_int("ABP_CALLS_PER_MINUTE", DEFAULTS["CALLS_PER_MINUTE"]),
+    "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", DEFAULTS["ABORT_KEY_PREFIX"]),
+    "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", DEFAULTS["ABORT_CHANNEL"]),
+    "ABORT_TTL_SECONDS": _env_int("ABP_ABORT_TTL_SECONDS", DEFAULTS["ABORT_TTL_SECONDS"]),
+    "REAPER_INTERVAL_SECONDS": _env_float(
+        "ABP_REAPER_INTERVAL_SECONDS", DEFAULTS["REAPER_INTERVAL_SECONDS"]
+    ),
+    "RESUME_GRACE_SECONDS": _env_float(
+        "ABP_RESUME_GRACE_SECONDS", DEFAULTS["RESUME_GRACE_SECONDS"]
+    ),
+    "WORKER_LOST_AFTER_SECONDS": _env_float(
+        "ABP_WORKER_LOST_AFTER_SECONDS", DEFAULTS["WORKER_LOST_AFTER_SECONDS"]
+    ),
+    "HARD_KILL_GRACE_SECONDS": _env_float(
+        "ABP_HARD_KILL_GRACE_SECONDS", DEFAULTS["HARD_KILL_GRACE_SECONDS"]
+    ),
+    "INLINE_RESULT_MAX_BYTES": _env_int(
+        "ABP_INLINE_RESULT_MAX_BYTES", DEFAULTS["INLINE_RESULT_MAX_BYTES"]
+    ),
+    "DOWNLOAD_URL_TTL_SECONDS": _env_int(
+        "ABP_DOWNLOAD_URL_TTL_SECONDS", DEFAULTS["DOWNLOAD_URL_TTL_SECONDS"]
+    ),
+    "PUBLIC_BASE_URL": os.environ.get("ABP_PUBLIC_BASE_URL", DEFAULTS["PUBLIC_BASE_URL"]),
+    "RESULT_RETENTION_SECONDS": _env_int(
+        "ABP_RESULT_RETENTION_SECONDS", DEFAULTS["RESULT_RETENTION_SECONDS"]
+    ),
+    "JOB_RETENTION_DAYS": _env_int("ABP_JOB_RETENTION_DAYS", DEFAULTS["JOB_RETENTION_DAYS"]),
+    "DEFAULT_TIMEOUT_MS": _env_int("ABP_DEFAULT_TIMEOUT_MS", DEFAULTS["DEFAULT_TIMEOUT_MS"]),
+    "MAX_TIMEOUT_MS": _env_int("ABP_MAX_TIMEOUT_MS", DEFAULTS["MAX_TIMEOUT_MS"]),
+    "PROGRESS_DB_INTERVAL_SECONDS": _env_float(
+        "ABP_PROGRESS_DB_INTERVAL_SECONDS", DEFAULTS["PROGRESS_DB_INTERVAL_SECONDS"]
+    ),
+    "MAX_HTML_BYTES": _env_int("ABP_MAX_HTML_BYTES", DEFAULTS["MAX_HTML_BYTES"]),
+    "MAX_PDF_PAGES": _env_int("ABP_MAX_PDF_PAGES", DEFAULTS["MAX_PDF_PAGES"]),
+    "URL_FETCH_ALLOWED_HOSTS": _env_list(
+        "ABP_URL_FETCH_ALLOWED_HOSTS", DEFAULTS["URL_FETCH_ALLOWED_HOSTS"]
+    ),
+    "URL_FETCH_TIMEOUT_SECONDS": _env_float(
+        "ABP_URL_FETCH_TIMEOUT_SECONDS", DEFAULTS["URL_FETCH_TIMEOUT_SECONDS"]
+    ),
+    "URL_FETCH_MAX_BYTES": _env_int("ABP_URL_FETCH_MAX_BYTES", DEFAULTS["URL_FETCH_MAX_BYTES"]),
+    "MAX_FONT_BYTES": _env_int("ABP_MAX_FONT_BYTES", DEFAULTS["MAX_FONT_BYTES"]),
+    "MAX_PDF_RESOURCE_BYTES": _env_int(
+        "ABP_MAX_PDF_RESOURCE_BYTES", DEFAULTS["MAX_PDF_RESOURCE_BYTES"]
+    ),
+    "MAX_PDF_ELEMENTS": _env_int("ABP_MAX_PDF_ELEMENTS", DEFAULTS["MAX_PDF_ELEMENTS"]),
+    "MAX_PDF_DEPTH": _env_int("ABP_MAX_PDF_DEPTH", DEFAULTS["MAX_PDF_DEPTH"]),
+    "MAX_MARKDOWN_BYTES": _env_int("ABP_MAX_MARKDOWN_BYTES", DEFAULTS["MAX_MARKDOWN_BYTES"]),
+    "MAX_IMAGE_BYTES": _env_int("ABP_MAX_IMAGE_BYTES", DEFAULTS["MAX_IMAGE_BYTES"]),
+    "MAX_IMAGE_PIXELS": _env_int("ABP_MAX_IMAGE_PIXELS", DEFAULTS["MAX_IMAGE_PIXELS"]),
+    "MAX_IMAGE_DIMENSION": _env_int("ABP_MAX_IMAGE_DIMENSION", DEFAULTS["MAX_IMAGE_DIMENSION"]),
+    "MAX_IMAGE_OUTPUT_BYTES": _env_int(
+        "ABP_MAX_IMAGE_OUTPUT_BYTES", DEFAULTS["MAX_IMAGE_OUTPUT_BYTES"]
+    ),
     "MAX_UPLOAD_BYTES": _env_int(
-        "ABP_MAX_UPLOAD_BYTES", _env_int("ABP_MAX_IMAGE_BYTES", 25 * 1024 * 1024)
+        "ABP_MAX_UPLOAD_BYTES", _env_int("ABP_MAX_IMAGE_BYTES", DEFAULTS["MAX_UPLOAD_BYTES"])
     ),
-    "UPLOAD_TTL_SECONDS": _env_int("ABP_UPLOAD_TTL_SECONDS", 15 * 60),
-    # Address space (RLIMIT_AS) of each worker child, in MiB; 0: no limit. A job that
-    # needs more fails cleanly (OPERATION_FAILED, or WORKER_LOST if a library aborts)
-    # and the child is replaced, instead of the host running out of memory. About
-    # twice the largest job within the other limits (a 50 MP RGBA image to WebP
-    # peaked at 1.7-2.0 GiB of address space, ~1.4 GiB resident).
-    "WORKER_MEMORY_LIMIT_MB": _env_int("ABP_WORKER_MEMORY_LIMIT_MB", 4096),
-    # Proxies (addresses or networks, comma-separated) whose X-Forwarded-For and
-    # X-Forwarded-Proto are believed; the client address is the nearest one they name
-    # that is not itself a trusted proxy. Empty: the headers are ignored.
-    "TRUSTED_PROXIES": _env_list("ABP_TRUSTED_PROXIES"),
-    # Calls queued or running at once per agent key (or per client address for page
-    # tokens and anonymous clients), across all its sessions (at least its own
-    # per-session bound).
-    "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": _env_int("ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL", 2000),
-    # Open sessions per agent key (a key may set its own) or per anonymous client
-    # address, across every door: room for a fleet of a few hundred WebSockets on one
-    # key. At the bound, the longest-idle MCP session with nothing in flight is ended
-    # to make room (docs/security.md#open-sessions). In development every keyless
-    # script is one principal (127.0.0.1): roomy, so a developer never meets 4429.
+    "UPLOAD_TTL_SECONDS": _env_int("ABP_UPLOAD_TTL_SECONDS", DEFAULTS["UPLOAD_TTL_SECONDS"]),
+    "WORKER_MEMORY_LIMIT_MB": _env_int(
+        "ABP_WORKER_MEMORY_LIMIT_MB", DEFAULTS["WORKER_MEMORY_LIMIT_MB"]
+    ),
+    "TRUSTED_PROXIES": _env_list("ABP_TRUSTED_PROXIES", DEFAULTS["TRUSTED_PROXIES"]),
+    "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": _env_int(
+        "ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL", DEFAULTS["MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL"]
+    ),
+    # In development every keyless script is one principal (127.0.0.1): roomy, so a
+    # developer never meets 4429.
     "MAX_OPEN_SESSIONS_PER_PRINCIPAL": _env_int(
-        "ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL", 10_000 if DEVELOPMENT else 256
+        "ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL",
+        10_000 if DEVELOPMENT else DEFAULTS["MAX_OPEN_SESSIONS_PER_PRINCIPAL"],
     ),
-    # Page tokens are handed to anyone who loads a page, so they get a smaller budget:
-    # calls queued or running per client address, calls per minute, the largest call (bytes
-    # of its JSON params), the longest timeout, and which capabilities (empty: all).
-    "PAGE_TOKEN_MAX_CONCURRENT_CALLS": _env_int("ABP_PAGE_TOKEN_MAX_CONCURRENT_CALLS", 4),
-    "PAGE_TOKEN_CALLS_PER_MINUTE": _env_int("ABP_PAGE_TOKEN_CALLS_PER_MINUTE", 30),
-    "PAGE_TOKEN_MAX_PARAMS_BYTES": _env_int("ABP_PAGE_TOKEN_MAX_PARAMS_BYTES", 1024 * 1024),
-    "PAGE_TOKEN_MAX_TIMEOUT_MS": _env_int("ABP_PAGE_TOKEN_MAX_TIMEOUT_MS", 2 * 60 * 1000),
-    # Open sessions per client address with page tokens (anyone who loads a page).
-    "PAGE_TOKEN_MAX_OPEN_SESSIONS": _env_int("ABP_PAGE_TOKEN_MAX_OPEN_SESSIONS", 16),
-    "PAGE_TOKEN_CAPABILITIES": _env_list("ABP_PAGE_TOKEN_CAPABILITIES"),
-    # The local lane (docs/design.md#the-local-lane): small calls of these capabilities,
-    # with params up to LOCAL_LANE_MAX_PARAMS_BYTES of JSON, run in a pool of
-    # LOCAL_LANE_PROCESSES processes beside each Daphne instead of through Celery
-    # (0: off), each capped at LOCAL_LANE_MEMORY_LIMIT_MB of address space and killed
-    # after LOCAL_LANE_TIME_LIMIT_SECONDS (kept under WORKER_LOST_AFTER_SECONDS: the
-    # reaper fails a local run whose Daphne died after that long).
-    "LOCAL_LANE_PROCESSES": _env_int("ABP_LOCAL_LANE_PROCESSES", 1),
-    "LOCAL_LANE_CAPABILITIES": _env_list("ABP_LOCAL_LANE_CAPABILITIES", "convert.markdownToHtml"),
-    "LOCAL_LANE_MAX_PARAMS_BYTES": _env_int("ABP_LOCAL_LANE_MAX_PARAMS_BYTES", 64 * 1024),
-    "LOCAL_LANE_TIME_LIMIT_SECONDS": _env_float("ABP_LOCAL_LANE_TIME_LIMIT_SECONDS", 5.0),
-    "LOCAL_LANE_MEMORY_LIMIT_MB": _env_int("ABP_LOCAL_LANE_MEMORY_LIMIT_MB", 1024),
-    # The queue of each cost class, and capabilities moved to another queue
-    # (`ABP_CAPABILITY_QUEUES=export.pdf=abp.pdf,...`).
+    "PAGE_TOKEN_MAX_CONCURRENT_CALLS": _env_int(
+        "ABP_PAGE_TOKEN_MAX_CONCURRENT_CALLS", DEFAULTS["PAGE_TOKEN_MAX_CONCURRENT_CALLS"]
+    ),
+    "PAGE_TOKEN_CALLS_PER_MINUTE": _env_int(
+        "ABP_PAGE_TOKEN_CALLS_PER_MINUTE", DEFAULTS["PAGE_TOKEN_CALLS_PER_MINUTE"]
+    ),
+    "PAGE_TOKEN_MAX_PARAMS_BYTES": _env_int(
+        "ABP_PAGE_TOKEN_MAX_PARAMS_BYTES", DEFAULTS["PAGE_TOKEN_MAX_PARAMS_BYTES"]
+    ),
+    "PAGE_TOKEN_MAX_TIMEOUT_MS": _env_int(
+        "ABP_PAGE_TOKEN_MAX_TIMEOUT_MS", DEFAULTS["PAGE_TOKEN_MAX_TIMEOUT_MS"]
+    ),
+    "PAGE_TOKEN_MAX_OPEN_SESSIONS": _env_int(
+        "ABP_PAGE_TOKEN_MAX_OPEN_SESSIONS", DEFAULTS["PAGE_TOKEN_MAX_OPEN_SESSIONS"]
+    ),
+    "PAGE_TOKEN_CAPABILITIES": _env_list(
+        "ABP_PAGE_TOKEN_CAPABILITIES", DEFAULTS["PAGE_TOKEN_CAPABILITIES"]
+    ),
+    "LOCAL_LANE_PROCESSES": _env_int("ABP_LOCAL_LANE_PROCESSES", DEFAULTS["LOCAL_LANE_PROCESSES"]),
+    "LOCAL_LANE_CAPABILITIES": _env_list(
+        "ABP_LOCAL_LANE_CAPABILITIES", DEFAULTS["LOCAL_LANE_CAPABILITIES"]
+    ),
+    "LOCAL_LANE_MAX_PARAMS_BYTES": _env_int(
+        "ABP_LOCAL_LANE_MAX_PARAMS_BYTES", DEFAULTS["LOCAL_LANE_MAX_PARAMS_BYTES"]
+    ),
+    "LOCAL_LANE_TIME_LIMIT_SECONDS": _env_float(
+        "ABP_LOCAL_LANE_TIME_LIMIT_SECONDS", DEFAULTS["LOCAL_LANE_TIME_LIMIT_SECONDS"]
+    ),
+    "LOCAL_LANE_MEMORY_LIMIT_MB": _env_int(
+        "ABP_LOCAL_LANE_MEMORY_LIMIT_MB", DEFAULTS["LOCAL_LANE_MEMORY_LIMIT_MB"]
+    ),
     "QUEUES": {"small": SMALL_QUEUE, "heavy": HEAVY_QUEUE},
+    # `ABP_CAPABILITY_QUEUES=export.pdf=abp.pdf,...`
     "CAPABILITY_QUEUES": _env_map("ABP_CAPABILITY_QUEUES"),
-    # Dotted paths of extra CapabilitySpec objects (test settings add a test-only one).
-    "EXTRA_CAPABILITIES": [],
 }
+
 
 # `manage.py ensure_dev_superuser` (run by `make run`) creates this user; it refuses
 # to run unless DEBUG is on.
@@ -539,9 +513,12 @@ DEV_SUPERUSER_PASSWORD = os.environ.get("DJANGO_DEV_SUPERUSER_PASSWORD", "admin"
 # client's as resolved through ABP_TRUSTED_PROXIES. The windowed metrics (jobs settled,
 # run time, queue wait, cancel to stop) cover the last WINDOW_SECONDS.
 ABP_METRICS: dict[str, Any] = {
-    "TOKEN": os.environ.get("ABP_METRICS_TOKEN", "").strip(),
-    "ALLOWED_IPS": _env_list("ABP_METRICS_ALLOWED_IPS", "127.0.0.1,::1" if DEVELOPMENT else ""),
-    "WINDOW_SECONDS": _env_float("ABP_METRICS_WINDOW_SECONDS", 300.0),
+    "TOKEN": os.environ.get("ABP_METRICS_TOKEN", METRICS_DEFAULTS["TOKEN"]).strip(),
+    "ALLOWED_IPS": _env_list(
+        "ABP_METRICS_ALLOWED_IPS",
+        ["127.0.0.1", "::1"] if DEVELOPMENT else METRICS_DEFAULTS["ALLOWED_IPS"],
+    ),
+    "WINDOW_SECONDS": _env_float("ABP_METRICS_WINDOW_SECONDS", METRICS_DEFAULTS["WINDOW_SECONDS"]),
 }
 for _entry in ABP_METRICS["ALLOWED_IPS"]:
     try:

@@ -1,10 +1,9 @@
-"""Root URLs."""
+"""Root URLs: the admin, and the app's routes (capabilities/urls.py)."""
 
 from django.contrib import admin
 from django.urls import include, path
 
-# /abp/uploads is served in front of Django (abpsite/asgi.py, capabilities/web/uploads.py).
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", include("capabilities.web.urls")),
+    path("", include("capabilities.urls")),
 ]

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from abpsite.proxies import behind_trusted_proxies
 from capabilities.access import page_tokens
 from capabilities.models import AgentSession
+from capabilities.transport.proxies import behind_trusted_proxies
 from tests.support.agent import Agent
 from tests.support.stack import Stack
 

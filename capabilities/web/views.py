@@ -1,5 +1,5 @@
 """HTTP views: the app page, the ABP manifest, the embed bridge, the demo, and the
-browser modules (`static/abp/`, served by WhiteNoise) that those pages load."""
+browser modules (`capabilities/static/abp/`, served by WhiteNoise) that those pages load."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _page_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
     """The app page: the manifest link and the `window.abp` runtime in its head."""
-    return render(request, "index.html", _page_context(request, specs=registry.all_specs()))
+    return render(request, "abp/index.html", _page_context(request, specs=registry.all_specs()))
 
 
 @require_GET

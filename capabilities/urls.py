@@ -1,4 +1,10 @@
-"""HTTP routes of the ABP app."""
+"""The app's HTTP routes: one line in a host's urls.py, `path("", include("capabilities.urls"))`.
+
+At the root, because agents look for `/abp.json` there; `/` is the app's page (with
+`window.abp`) unless a route of the host's comes first. `/mcp` and `/abp/uploads`
+are served in front of Django, and the WebSockets beside it (capabilities/asgi.py).
+The admin is the host's: its `admin.site.urls` shows the app's jobs, sessions and keys.
+"""
 
 from django.urls import path
 

@@ -1,0 +1,100 @@
+"""The app's doors on a host's ASGI application: one line in the host's `asgi.py`.
+
+    application = with_abp(get_asgi_application())
+
+HTTP goes to the host's Django, but `/mcp` (the MCP door) and `/abp/uploads` (raw
+bytes to storage, before Django reads a body); WebSockets at `/abp/ws` and `/abp/rpc`
+go to the consumers, behind the Host and browser-origin checks; the whole is told
+the client's address by ABP_TRUSTED_PROXIES. Daphne is adjusted as the doors need
+(a close code for oversized frames, a send on a closed socket raising, early upload
+limits).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def with_abp(django_application: Any) -> Any:
+    """The host's Django ASGI application with the app's doors in front of it.
+
+    Call it after `get_asgi_application()`, which sets Django up: the doors import
+    models.
+    """
+    from channels.routing import ProtocolTypeRouter, URLRouter
+
+    from capabilities.mcp_door.app import MCPDoor, routed
+    from capabilities.transport.browser_origins import browser_origin_validator
+    from capabilities.transport.hosts import AllowedHostsValidator
+    from capabilities.transport.proxies import behind_trusted_proxies
+    from capabilities.transport.routing import websocket_urlpatterns
+    from capabilities.web import uploads, uploads_early_limit
+
+    # The event loop and the ORM's worker thread hand the GIL to each other on every
+    # settle; Python's default 5 ms hand-over would dominate a cancel's confirmation.
+    sys.setswitchinterval(0.0005)
+    _close_oversized_frames_with_1009()
+    _refuse_sends_after_disconnect()
+    uploads_early_limit.install()
+    # The client's address comes from trusted proxies' headers before anything reads
+    # it: Django's REMOTE_ADDR and the consumer's per-address budgets alike.
+    return behind_trusted_proxies(
+        ProtocolTypeRouter(
+            {
+                "http": routed(MCPDoor(), uploads.in_front_of(django_application)),
+                "websocket": AllowedHostsValidator(
+                    browser_origin_validator(URLRouter(websocket_urlpatterns))
+                ),
+            }
+        )
+    )
+
+
+def _close_oversized_frames_with_1009() -> None:
+    """Make Daphne answer a frame over its size limit with close code 1009.
+
+    Daphne enforces `--websocket-max-message-size` through autobahn, whose factory
+    defaults to `failByDrop`: the TCP connection is dropped without a close frame.
+    Autobahn also refuses 1009 from application code, so this option is the only
+    way the agent learns why it was disconnected, as PROTOCOL.md promises.
+    """
+    from daphne.ws_protocol import WebSocketFactory
+
+    reset = WebSocketFactory.resetProtocolOptions
+
+    def reset_without_drop(self: WebSocketFactory) -> None:
+        reset(self)
+        self.failByDrop = False
+
+    WebSocketFactory.resetProtocolOptions = reset_without_drop
+
+
+def _refuse_sends_after_disconnect() -> None:
+    """Make a WebSocket send on a closed connection raise, as the ASGI spec says.
+
+    ASGI's WebSocket spec (2.4): a send on a closed connection raises an OSError
+    subclass (uvicorn does since 0.27). Daphne 4
+    drops it without a word once the client is gone, so a result sent between the
+    client's close and our disconnect handler would look delivered and be lost to
+    the agent's resume. Raising lets the consumer give the result back.
+    """
+    from daphne.server import Server
+
+    handle_reply = Server.handle_reply
+
+    async def handle_reply_or_raise(
+        self: Server, protocol: object, message: dict[str, Any]
+    ) -> None:
+        details = self.connections.get(protocol)
+        if message.get("type") == "websocket.send" and (
+            details is None or details.get("disconnected")
+        ):
+            raise ConnectionClosedError("The WebSocket is closed.")
+        await handle_reply(self, protocol, message)
+
+    Server.handle_reply = handle_reply_or_raise
+
+
+class ConnectionClosedError(OSError):
+    """A send on a WebSocket the client already closed."""
