@@ -1,1 +1,34 @@
-"""ABP capabilities as cancellable Celery jobs."""
+"""ABP capabilities as cancellable Celery jobs.
+
+The public API, for a project's own capabilities (docs/your-capabilities.md)::
+
+    from capabilities import CapabilityError, File, JobAborted, JobContext, capability
+
+Loaded lazily: this is also the Django app's package, which must import nothing
+(no models, no settings) until the app registry asks.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from capabilities.work.context import CapabilityError, File, JobAborted, JobContext
+    from capabilities.work.declare import capability
+
+__all__ = ["CapabilityError", "File", "JobAborted", "JobContext", "capability"]
+
+_WHERE = {
+    "CapabilityError": "capabilities.work.context",
+    "File": "capabilities.work.context",
+    "JobAborted": "capabilities.work.context",
+    "JobContext": "capabilities.work.context",
+    "capability": "capabilities.work.declare",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'capabilities' has no attribute {name!r}")
+    return getattr(import_module(_WHERE[name]), name)

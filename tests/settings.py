@@ -1,14 +1,12 @@
-"""Test settings: the product's, plus test-only capabilities (timing, memory).
+"""Test settings: the product's, plus apps of test-only capabilities.
 
-`test.sleep` and `test.allocate` are never in the product's manifest: only processes
-started with DJANGO_SETTINGS_MODULE=tests.settings (the test stack, the benchmarks)
-have them.
+`tests.testapp` declares `test.sleep` and `test.allocate` (timing, memory), and
+`tests.reports` is the tutorial's app (docs/your-capabilities.md). They are never in
+the product's manifest: only processes started with DJANGO_SETTINGS_MODULE=tests.settings
+(the test stack, the benchmarks) have them.
 """
 
 from abpsite.settings import *  # noqa: F403
-from abpsite.settings import ABP
+from abpsite.settings import INSTALLED_APPS
 
-ABP["EXTRA_CAPABILITIES"] = [
-    "tests.support.capabilities.SLEEP",
-    "tests.support.capabilities.ALLOCATE",
-]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.reports"]

@@ -39,7 +39,10 @@ from capabilities.work.context import CapabilityError, JobAborted
 from capabilities.work.images import params as images_params
 from capabilities.work.images import runner as images
 from capabilities.work.images import spec as images_spec
+from capabilities.work.registry import require
 from tests.support.context import RecordingContext
+
+IMAGE_SPEC = require("process.image")
 
 RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)
 
@@ -88,7 +91,7 @@ def process(
 
 def refusal(raw: dict[str, Any], ctx: RecordingContext | None = None) -> CapabilityError:
     """Run the runner, expecting a CapabilityError; the error."""
-    assert images_spec.SPEC.validate(raw) is None, "the runner only sees valid params"
+    assert IMAGE_SPEC.validate(raw) is None, "the runner only sees valid params"
     with pytest.raises(CapabilityError) as caught:
         images.run(raw, ctx or RecordingContext())
     return caught.value
@@ -96,7 +99,7 @@ def refusal(raw: dict[str, Any], ctx: RecordingContext | None = None) -> Capabil
 
 def wire_refusal(raw: dict[str, Any]) -> WireError:
     """The input schema's refusal, which the agent gets before any job is queued."""
-    error = images_spec.SPEC.validate(raw)
+    error = IMAGE_SPEC.validate(raw)
     assert error is not None
     return error
 
@@ -897,7 +900,7 @@ def test_unusable_operations_are_refused(operation: object, code: str, field: st
 
 def test_a_side_over_the_servers_limit_is_refused_before_queueing() -> None:
     resize = {"image": IMAGE, "operations": [{"type": "resize", "width": 120, "height": 200}]}
-    assert images_spec.SPEC.validate(resize) is None
+    assert IMAGE_SPEC.validate(resize) is None
     with limits(MAX_IMAGE_DIMENSION=150):
         error = wire_refusal(resize)
     assert (error.code, error.details) == (
@@ -1001,9 +1004,9 @@ OUTPUT_VALIDATOR = Draft202012Validator(images_spec.OUTPUT_SCHEMA)
 def test_schemas_are_draft_2020_12() -> None:
     Draft202012Validator.check_schema(images_spec.INPUT_SCHEMA)
     Draft202012Validator.check_schema(images_spec.OUTPUT_SCHEMA)
-    assert images_spec.SPEC.name == "process.image"
-    assert images_spec.SPEC.runner == "capabilities.work.images.runner.run"
-    described = images_spec.SPEC.describe()["inputSchema"]
+    assert IMAGE_SPEC.name == "process.image"
+    assert IMAGE_SPEC.warm_up == "capabilities.work.images.runner.warm_up"
+    described = IMAGE_SPEC.describe()["inputSchema"]
     content = described["properties"]["image"]["properties"]["content"]
     # The manifest's schema is the module's, with the server's size limit added.
     assert content.pop("maxLength") > 0

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from capabilities.access import agent_keys
 from capabilities.calls import cancellation, key_revocation
 from capabilities.models import AgentKey, AgentSession, CancelSource, Job, JobStatus
-from tests.support.capabilities import SLEEP
+from capabilities.work import registry
 from tests.support.rpc_agent import Message, RpcAgent, is_response, rpc_url, same_id
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
@@ -536,7 +536,8 @@ def test_initialize_result_has_the_session_and_the_capabilities(stack: Stack) ->
 def test_capabilities_list_matches_the_registry(rpc: RpcAgent) -> None:
     result = rpc.result(rpc.request("_abp/capabilities/list"))
     by_name = {entry["name"]: entry for entry in result["capabilities"]}
-    assert by_name["test.sleep"] == {**SLEEP.describe(), "available": True}
+    sleep = registry.require("test.sleep")
+    assert by_name["test.sleep"] == {**sleep.describe(), "available": True}
     assert by_name["test.sleep"]["inputSchema"]["properties"]["steps"]["type"] == "integer"
     for entry in by_name.values():
         assert set(entry) >= {"name", "description", "inputSchema", "outputSchema", "timeout"}

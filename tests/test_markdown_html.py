@@ -13,7 +13,10 @@ from capabilities.protocol import WireError
 from capabilities.work.context import CapabilityError, JobAborted
 from capabilities.work.markdown import runner as markdown_html
 from capabilities.work.markdown import spec as markdown_spec
+from capabilities.work.registry import require
 from tests.support.context import RecordingContext
+
+MARKDOWN = require("convert.markdownToHtml")
 
 
 def convert(markdown: str, **options: Any) -> str:
@@ -29,7 +32,7 @@ def convert(markdown: str, **options: Any) -> str:
 
 def refusal(params: dict[str, Any]) -> CapabilityError:
     """Run the runner, expecting a CapabilityError; the error."""
-    assert markdown_spec.SPEC.validate(params) is None, "the runner only sees valid params"
+    assert MARKDOWN.validate(params) is None, "the runner only sees valid params"
     with pytest.raises(CapabilityError) as caught:
         markdown_html.run(params, RecordingContext())
     return caught.value
@@ -37,7 +40,7 @@ def refusal(params: dict[str, Any]) -> CapabilityError:
 
 def wire_refusal(params: dict[str, Any]) -> WireError:
     """The input schema's refusal, which the agent gets before any job is queued."""
-    error = markdown_spec.SPEC.validate(params)
+    error = MARKDOWN.validate(params)
     assert error is not None
     return error
 
@@ -297,7 +300,8 @@ def test_output_schema(data: dict[str, Any], valid: bool) -> None:
 
 
 def test_spec_names_the_runner() -> None:
-    spec = markdown_spec.SPEC
-    assert spec.name == "convert.markdownToHtml"
-    assert spec.load_runner() is markdown_html.run
-    spec.prepare()  # imports the runner and runs the warm-up
+    found = MARKDOWN
+    assert found.name == "convert.markdownToHtml"
+    assert found.warm_up == "capabilities.work.markdown.runner.warm_up"
+    assert found.load_runner()({"markdown": "# a"}, RecordingContext()) == {"html": "<h1>a</h1>"}
+    found.prepare()  # imports the runner and runs the warm-up

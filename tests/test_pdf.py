@@ -19,6 +19,7 @@ from capabilities.protocol import WireError
 from capabilities.work.context import CapabilityError, JobAborted
 from capabilities.work.pdf import runner as pdf
 from capabilities.work.pdf import spec as pdf_spec
+from capabilities.work.registry import require
 from tests.support.context import RecordingContext
 from tests.test_fetcher import (
     data_url,
@@ -34,6 +35,8 @@ PNG_DATA_URL = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
     "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 )
+
+PDF = require("export.pdf")
 
 
 def pages_html(count: int, head: str = "") -> str:
@@ -52,7 +55,7 @@ def render(params: dict[str, Any], ctx: RecordingContext | None = None) -> PdfRe
 
 def refusal(params: dict[str, Any], ctx: RecordingContext | None = None) -> CapabilityError:
     """Run the runner, expecting a CapabilityError; the error."""
-    assert pdf_spec.SPEC.validate(params) is None, "the runner only sees valid params"
+    assert PDF.validate(params) is None, "the runner only sees valid params"
     with pytest.raises(CapabilityError) as caught:
         pdf.run(params, ctx or RecordingContext())
     return caught.value
@@ -60,7 +63,7 @@ def refusal(params: dict[str, Any], ctx: RecordingContext | None = None) -> Capa
 
 def wire_refusal(params: dict[str, Any]) -> WireError:
     """The input schema's refusal, which the agent gets before any job is queued."""
-    error = pdf_spec.SPEC.validate(params)
+    error = PDF.validate(params)
     assert error is not None
     return error
 

@@ -10,13 +10,11 @@ from django.test import override_settings
 
 from capabilities.work import registry
 from capabilities.work.images import spec as images_spec
-from capabilities.work.markdown import spec as markdown_spec
-from capabilities.work.pdf import spec as pdf_spec
 from capabilities.work.schema_patterns import python_pattern
 
-PDF = pdf_spec.SPEC
-MARKDOWN = markdown_spec.SPEC
-IMAGE = images_spec.SPEC
+PDF = registry.require("export.pdf")
+MARKDOWN = registry.require("convert.markdownToHtml")
+IMAGE = registry.require("process.image")
 
 
 def code_and_path(spec: registry.CapabilitySpec, params: dict[str, Any]) -> tuple[str, str] | None:

@@ -44,13 +44,15 @@ def enqueue(job: Job) -> None:
 
 
 def queue_for(capability: str) -> str:
-    """The queue a capability's jobs go to: its own setting, else its cost class's."""
+    """The queue a capability's jobs go to: its own setting, else its cost's."""
     abp = settings.ABP
     moved: str | None = abp["CAPABILITY_QUEUES"].get(capability)
     if moved:
         return moved
     spec = registry.get(capability)
-    return str(abp["QUEUES"][spec.cost if spec is not None else "heavy"])
+    cost = spec.cost if spec is not None else "heavy"
+    # A cost class's queue, or a queue of the capability's own (`cost="reports"`).
+    return str(abp["QUEUES"].get(cost, cost))
 
 
 def revoke(job_id: str, *, kill: bool = False) -> None:

@@ -2,7 +2,8 @@
 
 Runners (`pdf`, `images`, ...) take `(params, ctx)` and return the JSON `data` of
 the call-result. They never import Celery, Channels or the ORM, so they are tested
-with a plain in-memory context (see `tests/support/context.py`).
+with a plain in-memory context (`capabilities.testing.RecordingContext`). Every
+context shares its cancel tools (`context_base.ContextBase`).
 
 Exceptions a runner may meet::
 
@@ -14,7 +15,8 @@ Exceptions a runner may meet::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 
@@ -44,6 +46,30 @@ class CapabilityError(Exception):
         self.retryable = retryable
 
 
+class File(dict[str, Any]):
+    """A file the work saved (`ctx.save_file`), to put in its result.
+
+    A reference to the stored bytes (`{"$file": name, "mimeType", "size", "filename"}`)
+    that the call-result turns into inline base64 or a download link. As a type hint
+    its JSON Schema is that inline-or-download shape (`schemas.binary_result`).
+    """
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        # Any mapping goes through as the plain dict it is: the reference stays whole.
+        return core_schema.no_info_plain_validator_function(
+            dict, serialization=core_schema.plain_serializer_function_ser_schema(dict)
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: Any, handler: Any) -> dict[str, Any]:
+        from capabilities.work.schemas import binary_result
+
+        return binary_result({"type": "string"}, "a file")
+
+
 class JobContext(Protocol):
     """The runner's handle on its job."""
 
@@ -60,11 +86,34 @@ class JobContext(Protocol):
         """Report progress; reaches the agent at once, the DB throttled."""
         ...
 
-    def save_file(self, data: bytes, *, mime_type: str, filename: str) -> dict[str, Any]:
+    def save_file(self, data: bytes, *, mime_type: str, filename: str) -> File:
         """Store output bytes; returns the reference to put in the result data.
 
         The consumer turns the reference into inline base64 or a download URL.
         """
+        ...
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job was cancelled (or timed out)."""
+        ...
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`, waking at once on a cancel; True if cancelled."""
+        ...
+
+    def on_cancel(self, callback: Callable[[], object]) -> None:
+        """Call `callback()` on a cancel, from another thread (at once if cancelled)."""
+        ...
+
+    def read_bytes(self, value: Any) -> bytes:
+        """The bytes of a binary input: BinaryData (base64), or an upload's bytes."""
+        ...
+
+    def run_process(
+        self, args: str | Sequence[str], **kwargs: Any
+    ) -> subprocess.CompletedProcess[Any]:
+        """`subprocess.run` in a process group of its own, killed on a cancel."""
         ...
 
 

@@ -12,31 +12,53 @@ from __future__ import annotations
 import resource
 from typing import Any
 
+import django
+from django.apps import apps
+
 from capabilities.protocol import ErrorCode
 from capabilities.work import registry, runs
-from capabilities.work.context import CapabilityError
+from capabilities.work.cancel_signal import CancelSignal
+from capabilities.work.context import CapabilityError, File
+from capabilities.work.context_base import ContextBase
 
 MIB = 1024 * 1024
 
 
 def prepare(memory_limit_mb: int, capabilities: list[str]) -> None:
-    """At the process's start: cap its address space, and load the runners once."""
+    """At the process's start: cap its address space, and load and warm up the runners once."""
     if memory_limit_mb > 0:
         limit = memory_limit_mb * MIB
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # A process from the fork server starts with no app loaded: the registry is
+    # filled by the apps' start-up (abp_capabilities modules), and capabilities of
+    # one's own may use the ORM.
+    if not apps.ready:
+        django.setup()
     for name in capabilities:
         spec = registry.get(name)
         if spec is not None:
-            spec.load_runner()
+            spec.prepare()
 
 
-class NoJob:
-    """The context of a local run: nothing to check, report or store."""
+class NoJob(ContextBase):
+    """The context of a local run: nothing to check, report or store.
+
+    Its cancel is never set: the lane stops a run by killing its process (a program
+    started with `run_process` is then left to finish on its own).
+    """
 
     job_id = ""
+
+    def __init__(self) -> None:
+        self._signal = CancelSignal()
+
+    @property
+    def cancel_signal(self) -> CancelSignal:
+        """Never set."""
+        return self._signal
 
     def checkpoint(self) -> None:
         """Nothing: the lane stops a run by killing its process."""
@@ -44,7 +66,7 @@ class NoJob:
     def report(self, *, progress: float, total: float | None = None, stage: str = "") -> None:
         """Nothing: local runs are short, and report no progress."""
 
-    def save_file(self, data: bytes, *, mime_type: str, filename: str) -> dict[str, Any]:
+    def save_file(self, data: bytes, *, mime_type: str, filename: str) -> File:
         raise CapabilityError(
             ErrorCode.OPERATION_FAILED, "This capability cannot run in the local lane."
         )

@@ -1,11 +1,14 @@
 """The one list of what agents may call: names, JSON Schemas, limits, runners.
 
 `initialize-result.capabilities`, the manifest and param validation all read it.
+Capabilities are registered at app start, when every installed app's
+`abp_capabilities` module is imported (the built-ins' first: capabilities/abp_capabilities.py)
+and its `@capability` functions (`declare.py`) call `register`.
 A capability's JSON Schema, with the server's limits from settings put in it, is
 the one check of its params, made here on the consumer side before a job row is
 written or a task queued. Runners read the params into typed values without checking
 them again; they check only what no schema can say (a decoded image's pixels, a
-document's pages). Runners are dotted paths imported only where they run (the
+document's pages). The built-ins import their libraries only where they run (the
 worker), so the web process never loads WeasyPrint or Pillow.
 """
 
@@ -13,9 +16,10 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from django.conf import settings
 from django.utils.module_loading import autodiscover_modules, import_string
@@ -27,12 +31,8 @@ from capabilities.protocol.text import unstorable
 from capabilities.work.context import Runner
 from capabilities.work.schema_patterns import PatternValidator
 
-# Dotted paths of the product's CapabilitySpec objects.
-PRODUCT_CAPABILITY_SPECS = (
-    "capabilities.work.pdf.spec.SPEC",
-    "capabilities.work.images.spec.SPEC",
-    "capabilities.work.markdown.spec.SPEC",
-)
+# The app whose `abp_capabilities` module holds the built-ins, imported first.
+BUILT_INS = "capabilities.abp_capabilities"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,15 +114,17 @@ class Timeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class CapabilitySpec:
-    """A capability as agents see it, plus where its runner lives."""
+    """A capability as agents see it, plus its runner (`@capability` builds one)."""
 
     name: str
     description: str
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
-    runner: str
-    # Optional: a function the worker calls once before forking (imports, caches).
-    warm_up: str | None = None
+    # The runner, or its dotted path (imported only where it runs).
+    runner: Runner | str
+    # Optional: a function (or its dotted path) the worker calls once before forking
+    # (imports, caches).
+    warm_up: Callable[[], object] | str | None = None
     # String parameters bounded by a setting; the manifest shows them as maxLength.
     size_limits: tuple[SizeLimit, ...] = ()
     # Integer parameters bounded by a setting; the manifest shows them as maximum.
@@ -130,8 +132,9 @@ class CapabilitySpec:
     # Unset: settings.ABP's DEFAULT_TIMEOUT_MS / MAX_TIMEOUT_MS, which also cap these.
     default_timeout_ms: int | None = None
     max_timeout_ms: int | None = None
-    # Which queue class runs it: "small" (milliseconds, little memory) or "heavy".
-    cost: Literal["small", "heavy"] = "heavy"
+    # Which queue runs it: a cost class, "small" (milliseconds, little memory) or
+    # "heavy" (settings.ABP["QUEUES"]), or the name of a queue of its own.
+    cost: str = "heavy"
 
     def describe(self) -> dict[str, Any]:
         """The manifest entry."""
@@ -176,14 +179,18 @@ class CapabilitySpec:
         return None if best is None else _wire_error(best)
 
     def load_runner(self) -> Runner:
-        """Import the runner (in the worker)."""
-        return cast(Runner, import_string(self.runner))
+        """The runner, imported if given by path (in the worker)."""
+        if isinstance(self.runner, str):
+            return cast(Runner, import_string(self.runner))
+        return self.runner
 
     def prepare(self) -> None:
         """Import the runner and run its warm-up, if any (worker start)."""
         self.load_runner()
-        if self.warm_up is not None:
+        if isinstance(self.warm_up, str):
             import_string(self.warm_up)()
+        elif self.warm_up is not None:
+            self.warm_up()
 
     def _limits(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The settings' limits now: lengths, then maxima (the cached schemas' keys)."""
@@ -222,9 +229,7 @@ def _schema_with_limits(
     name: str, lengths: tuple[int, ...], maxima: tuple[int, ...]
 ) -> dict[str, Any]:
     # Keyed by the limits' values too: settings can change them (tests do).
-    spec = get(name)
-    if spec is None:
-        raise LookupError(name)
+    spec = require(name)
     # A JSON copy, not a deep copy, which would keep a dict the schema shares between
     # parameters shared: a limit set on one parameter must not reach the others.
     schema: dict[str, Any] = json.loads(json.dumps(spec.input_schema))
@@ -300,27 +305,58 @@ def _shorten(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-@functools.cache
+class DuplicateCapability(ValueError):
+    """Two capabilities with one name: each name is one capability, project-wide."""
+
+
+_registered: dict[str, CapabilitySpec] = {}
+
+
+def register(spec: CapabilitySpec) -> CapabilitySpec:
+    """Add a capability (at app start, from its `abp_capabilities` module)."""
+    known = _registered.get(spec.name)
+    if known is not None and known is not spec:
+        raise DuplicateCapability(
+            f"Capability {spec.name!r} is registered twice ({_where(known)} and "
+            f"{_where(spec)}): names must be unique across the project."
+        )
+    _registered[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a capability (tests that register their own), and its cached schemas."""
+    _registered.pop(name, None)
+    _schema_with_limits.cache_clear()
+    _validator.cache_clear()
+
+
+def _where(spec: CapabilitySpec) -> str:
+    runner = spec.runner
+    if isinstance(runner, str):
+        return runner
+    return f"{getattr(runner, '__module__', '?')}.{getattr(runner, '__qualname__', '?')}"
+
+
 def all_specs() -> tuple[CapabilitySpec, ...]:
-    """Every capability agents may call, product ones first."""
-    paths = (*PRODUCT_CAPABILITY_SPECS, *settings.ABP["EXTRA_CAPABILITIES"])
-    specs = tuple(cast(CapabilitySpec, _import_attr(path)) for path in paths)
-    names = [spec.name for spec in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"Duplicate capability names: {names}")
-    return specs
+    """Every capability agents may call, the built-ins first."""
+    return tuple(_registered.values())
 
 
 def autodiscover() -> None:
-    """Import every installed app's `abp_capabilities` module (app start)."""
+    """Import every installed app's `abp_capabilities` module (app start), built-ins first."""
+    import_module(BUILT_INS)
     autodiscover_modules("abp_capabilities")
-
-
-def _import_attr(path: str) -> object:
-    module_name, _, attr = path.rpartition(".")
-    return getattr(import_module(module_name), attr)
 
 
 def get(name: str) -> CapabilitySpec | None:
     """The spec of a capability, or None."""
-    return next((spec for spec in all_specs() if spec.name == name), None)
+    return _registered.get(name)
+
+
+def require(name: str) -> CapabilitySpec:
+    """The spec of a capability; LookupError if there is none."""
+    spec = _registered.get(name)
+    if spec is None:
+        raise LookupError(f"No capability {name!r} is registered.")
+    return spec

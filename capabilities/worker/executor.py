@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -19,7 +18,9 @@ from django.core.files.storage import default_storage
 from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job
 from capabilities.work import runs
-from capabilities.work.context import JobAborted
+from capabilities.work.cancel_signal import CancelSignal
+from capabilities.work.context import File, JobAborted
+from capabilities.work.context_base import ContextBase
 from capabilities.worker import memory_limit
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
@@ -38,7 +39,7 @@ WORKER_FIELDS = (
 )
 
 
-class WorkerContext:
+class WorkerContext(ContextBase):
     """The JobContext runners get in a worker."""
 
     def __init__(self, job: Job, interrupter: Interrupter) -> None:
@@ -57,6 +58,11 @@ class WorkerContext:
     def job_id(self) -> str:
         """The job's id."""
         return str(self._job.id)
+
+    @property
+    def cancel_signal(self) -> CancelSignal:
+        """The job's cancel, set by the abort watcher."""
+        return self._interrupter.signal
 
     def checkpoint(self) -> None:
         """Raise JobAborted if the job was cancelled (an in-process flag: no I/O)."""
@@ -89,12 +95,12 @@ class WorkerContext:
             unsaved, self._unsaved = self._unsaved, None
         return unsaved
 
-    def save_file(self, data: bytes, *, mime_type: str, filename: str) -> dict[str, Any]:
+    def save_file(self, data: bytes, *, mime_type: str, filename: str) -> File:
         """Store output in Django's storage; the consumer inlines or links it."""
         with self._interrupter.shielded():
             name = default_storage.save(f"results/{self.job_id}/{filename}", ContentFile(data))
         self.saved_files.append(name)
-        return {"$file": name, "mimeType": mime_type, "size": len(data), "filename": filename}
+        return File({"$file": name, "mimeType": mime_type, "size": len(data), "filename": filename})
 
     def discard_files(self) -> None:
         """Delete output of a run whose outcome was dropped."""

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from capabilities.jobs import abort_listener
+from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import JobAborted
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class Interrupter:
         self._thread_id: int | None = None
         self._window: FrameType | None = None
         self._shielded = 0
-        self._aborted = threading.Event()
+        # The current job's cancel: ctx.cancelled, wait() and on_cancel() read it.
+        self._signal = CancelSignal()
 
     @property
     def current_job_id(self) -> str | None:
@@ -58,7 +60,7 @@ class Interrupter:
         with self._lock:
             self._job_id = job_id
             self._thread_id = threading.get_ident()
-            self._aborted.clear()
+            self._signal = CancelSignal()
 
     def end(self) -> None:
         """Forget the job; later aborts for it do nothing here."""
@@ -66,26 +68,39 @@ class Interrupter:
             self._job_id = None
             self._thread_id = None
             self._window = None
-            self._aborted.clear()
+            # The ended job's callbacks are never run; the next job gets its own signal.
+            self._signal = CancelSignal()
 
     @property
     def aborted(self) -> bool:
         """Whether the current job was aborted."""
-        return self._aborted.is_set()
+        return self._signal.is_set
+
+    @property
+    def signal(self) -> CancelSignal:
+        """The current job's cancel."""
+        return self._signal
 
     def checkpoint(self) -> None:
         """Raise JobAborted if the current job was aborted: no I/O."""
-        if self._aborted.is_set():
+        if self._signal.is_set:
             raise JobAborted()
 
     def abort(self, job_id: str) -> bool:
-        """Abort `job_id` if it is the one running here; True if it was."""
+        """Abort `job_id` if it is the one running here; True if it was.
+
+        The flag and the raise first, then the work's on_cancel callbacks, in this
+        (the watcher's) thread, outside the lock.
+        """
         with self._lock:
             if job_id != self._job_id:
                 return False
-            self._aborted.set()
-            self._raise_locked()
-            return True
+            signal = self._signal
+        signal.set()
+        with self._lock:
+            if signal is self._signal:
+                self._raise_locked()
+        return True
 
     def poke(self) -> None:
         """Raise again into a job that was aborted and is still inside its work.
@@ -94,7 +109,7 @@ class Interrupter:
         held back while the thread was somewhere unsafe: retried until the work ends.
         """
         with self._lock:
-            if self._aborted.is_set():
+            if self._signal.is_set:
                 self._raise_locked()
 
     def _raise_locked(self) -> None:
@@ -140,12 +155,15 @@ class Interrupter:
 
 
 # Where an exception raised from outside breaks more than the work: between a lock's
-# acquire() and its try (logging), inside threading primitives, or halfway through
-# an import.
+# acquire() and its try (logging), inside threading primitives, halfway through an
+# import, or in an event loop's own machinery (an `async def` capability is stopped by
+# cancelling its task; a raise lands only in its own code).
 _UNSAFE_FILES = (
     f"{os.sep}logging{os.sep}",
     f"{os.sep}threading.py",
     f"{os.sep}queue.py",
+    f"{os.sep}asyncio{os.sep}",
+    f"{os.sep}selectors.py",
     "<frozen importlib",
     __file__,
 )

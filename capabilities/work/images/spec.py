@@ -1,9 +1,10 @@
-"""The process.image capability as agents see it: name, description, JSON Schemas.
+"""The process.image capability as agents see it: description, JSON Schemas, limits.
 
 Kept apart from the runner (`capabilities.work.images.runner`), so the web process, which reads
 the schemas, never loads Pillow. The manifest's schema also carries the server's byte
 and side limits (`settings.ABP["MAX_IMAGE_BYTES"]`, `["MAX_IMAGE_DIMENSION"]`); the
-limits on the decoded image, which no schema can check, are the runner's.
+limits on the decoded image, which no schema can check, are the runner's. Declared in
+capabilities/abp_capabilities.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from capabilities.work.registry import CapabilitySpec, SettingMaximum, SizeLimit
+from capabilities.work.registry import SettingMaximum, SizeLimit
 from capabilities.work.schemas import binary_input, binary_result
 
 
@@ -73,7 +74,7 @@ class FlipDirection(StrEnum):
 
 
 # Fixed schema limits. A side is also at most settings.ABP's MAX_IMAGE_DIMENSION (see
-# SPEC); the runner applies it, and MAX_IMAGE_PIXELS, to the input, every intermediate
+# SETTING_MAXIMA); the runner applies it, and MAX_IMAGE_PIXELS, to the input, every intermediate
 # image and the output.
 SCHEMA_MAX_DIMENSION = 16384
 MAX_OPERATIONS = 100
@@ -262,27 +263,17 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-SPEC = CapabilitySpec(
-    name="process.image",
-    description=DESCRIPTION,
-    input_schema=INPUT_SCHEMA,
-    output_schema=OUTPUT_SCHEMA,
-    runner="capabilities.work.images.runner.run",
-    warm_up="capabilities.work.images.runner.warm_up",
-    size_limits=(SizeLimit(path=("image", "content"), setting="MAX_IMAGE_BYTES", base64=True),),
-    # A side or offset past the server's side limit is refused before queueing: a
-    # resize or crop there could only fail later, in the worker.
-    setting_maxima=(
-        SettingMaximum(
-            nodes=tuple(
-                ("properties", "operations", "items", "oneOf", index, "properties", name)
-                for index, variant in enumerate(OPERATIONS)
-                for name in variant["properties"]
-                if name in ("width", "height", "left", "top")
-            ),
-            setting="MAX_IMAGE_DIMENSION",
+SIZE_LIMITS = (SizeLimit(path=("image", "content"), setting="MAX_IMAGE_BYTES", base64=True),)
+# A side or offset past the server's side limit is refused before queueing: a resize
+# or crop there could only fail later, in the worker.
+SETTING_MAXIMA = (
+    SettingMaximum(
+        nodes=tuple(
+            ("properties", "operations", "items", "oneOf", index, "properties", name)
+            for index, variant in enumerate(OPERATIONS)
+            for name in variant["properties"]
+            if name in ("width", "height", "left", "top")
         ),
+        setting="MAX_IMAGE_DIMENSION",
     ),
-    default_timeout_ms=60 * 1000,
-    max_timeout_ms=5 * 60 * 1000,
 )

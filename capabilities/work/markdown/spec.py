@@ -1,14 +1,14 @@
-"""The convert.markdownToHtml capability as agents see it: name, description, JSON Schemas.
+"""The convert.markdownToHtml capability as agents see it: description, JSON Schemas, limits.
 
 Kept apart from the runner (`capabilities.work.markdown.runner`), so the web process, which
-reads the schemas, never loads Markdown or nh3.
+reads the schemas, never loads Markdown or nh3. Declared in capabilities/abp_capabilities.py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from capabilities.work.registry import CapabilitySpec, SizeLimit
+from capabilities.work.registry import SizeLimit
 
 DESCRIPTION = (
     "Convert Markdown to an HTML fragment: Python-Markdown with its 'extra' set (tables, "
@@ -55,15 +55,4 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-SPEC = CapabilitySpec(
-    name="convert.markdownToHtml",
-    description=DESCRIPTION,
-    input_schema=INPUT_SCHEMA,
-    output_schema=OUTPUT_SCHEMA,
-    runner="capabilities.work.markdown.runner.run",
-    warm_up="capabilities.work.markdown.runner.warm_up",
-    size_limits=(SizeLimit(path=("markdown",), setting="MAX_MARKDOWN_BYTES"),),
-    default_timeout_ms=30 * 1000,
-    max_timeout_ms=2 * 60 * 1000,
-    cost="small",
-)
+SIZE_LIMITS = (SizeLimit(path=("markdown",), setting="MAX_MARKDOWN_BYTES"),)

@@ -1,7 +1,7 @@
-"""The export.pdf capability as agents see it: name, description, JSON Schemas.
+"""The export.pdf capability as agents see it: description, JSON Schemas, limits.
 
 Kept apart from the runner (`capabilities.work.pdf.runner`), so the web process, which reads
-the schemas, never loads WeasyPrint.
+the schemas, never loads WeasyPrint. Declared in capabilities/abp_capabilities.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from capabilities.work.registry import CapabilitySpec, SizeLimit
+from capabilities.work.registry import SizeLimit
 from capabilities.work.schemas import binary_result
 
 DESCRIPTION = (
@@ -98,17 +98,8 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-SPEC = CapabilitySpec(
-    name="export.pdf",
-    description=DESCRIPTION,
-    input_schema=INPUT_SCHEMA,
-    output_schema=OUTPUT_SCHEMA,
-    runner="capabilities.work.pdf.runner.run",
-    warm_up="capabilities.work.pdf.runner.warm_up",
-    size_limits=(
-        SizeLimit(path=("html",), setting="MAX_HTML_BYTES"),
-        SizeLimit(path=("content",), setting="MAX_HTML_BYTES"),
-    ),
-    default_timeout_ms=2 * 60 * 1000,
-    max_timeout_ms=15 * 60 * 1000,
+# The HTML's size, bounded by a setting (either name of it).
+SIZE_LIMITS = (
+    SizeLimit(path=("html",), setting="MAX_HTML_BYTES"),
+    SizeLimit(path=("content",), setting="MAX_HTML_BYTES"),
 )

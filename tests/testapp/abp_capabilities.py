@@ -1,5 +1,5 @@
 """Test-only capabilities: `test.sleep`, whose timing the tests control, and
-`test.allocate`, a memory bomb.
+`test.allocate`, a memory bomb. Declared with `@capability` and explicit schemas.
 
 `test.sleep` modes:
 - `checkpoint`: `steps` sleeps of `stepMs`, a checkpoint and a progress report each;
@@ -24,10 +24,27 @@ import resource
 import time
 from typing import Any
 
-from capabilities.work.context import CapabilityError, JobContext
-from capabilities.work.registry import CapabilitySpec
+from capabilities import CapabilityError, JobContext, capability
+
+SLEEP_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "mode": {"enum": ["checkpoint", "busy", "block", "fail", "crash"]},
+        "steps": {"type": "integer", "minimum": 0, "maximum": 100000},
+        "stepMs": {"type": "integer", "minimum": 0, "maximum": 60000},
+        "echo": {},
+        "fileBytes": {"type": "integer", "minimum": 0, "maximum": 50_000_000},
+    },
+    "additionalProperties": False,
+}
 
 
+@capability(
+    "test.sleep",
+    description="Test only: sleeps, spins or blocks for a while.",
+    input_schema=SLEEP_INPUT,
+    output_schema={"type": "object"},
+)
 def run_sleep(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Sleep, spin or block as told, then return what was asked."""
     mode = params.get("mode", "checkpoint")
@@ -60,29 +77,24 @@ def run_sleep(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return data
 
 
-SLEEP = CapabilitySpec(
-    name="test.sleep",
-    description="Test only: sleeps, spins or blocks for a while.",
-    input_schema={
-        "type": "object",
-        "properties": {
-            "mode": {"enum": ["checkpoint", "busy", "block", "fail", "crash"]},
-            "steps": {"type": "integer", "minimum": 0, "maximum": 100000},
-            "stepMs": {"type": "integer", "minimum": 0, "maximum": 60000},
-            "echo": {},
-            "fileBytes": {"type": "integer", "minimum": 0, "maximum": 50_000_000},
-        },
-        "additionalProperties": False,
-    },
-    output_schema={"type": "object"},
-    runner="tests.support.capabilities.run_sleep",
-)
-
-
 MIB = 1024 * 1024
 ALLOCATION_CHUNK = 16 * MIB
 
 
+@capability(
+    "test.allocate",
+    description="Test only: allocates a given amount of memory.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "mb": {"type": "integer", "minimum": 0, "maximum": 3072},
+            "via": {"enum": ["python", "glib"]},
+        },
+        "required": ["mb"],
+        "additionalProperties": False,
+    },
+    output_schema={"type": "object"},
+)
 def run_allocate(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Allocate `mb` MiB as told, then let it go."""
     size = int(params["mb"]) * MIB
@@ -100,20 +112,3 @@ def run_allocate(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         ctx.checkpoint()
         chunks.append(bytearray(ALLOCATION_CHUNK))
     return {"allocatedMb": params["mb"]}
-
-
-ALLOCATE = CapabilitySpec(
-    name="test.allocate",
-    description="Test only: allocates a given amount of memory.",
-    input_schema={
-        "type": "object",
-        "properties": {
-            "mb": {"type": "integer", "minimum": 0, "maximum": 3072},
-            "via": {"enum": ["python", "glib"]},
-        },
-        "required": ["mb"],
-        "additionalProperties": False,
-    },
-    output_schema={"type": "object"},
-    runner="tests.support.capabilities.run_allocate",
-)
