@@ -14,6 +14,7 @@ from django.core.files.storage import default_storage
 from PIL import Image
 
 from capabilities.models import Job
+from capabilities.work import registry
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running, wait_stopped_by_cancel
 from tests.support.stack import Stack
@@ -156,3 +157,44 @@ def test_manifest_and_initialize_come_from_one_registry(stack: Stack, agent: Age
     assert offered == names
     with urllib.request.urlopen(stack.http_url + "/", timeout=10) as page:
         assert '<link rel="abp-manifest" href="/abp.json">' in page.read().decode()
+
+
+def test_a_declared_capability_is_served_with_its_generated_schemas(
+    stack: Stack, agent: Agent
+) -> None:
+    # tests/reports/abp_capabilities.py: the tutorial's example, found by autodiscovery.
+    with urllib.request.urlopen(stack.http_url + "/abp.json", timeout=10) as response:
+        manifest = json.load(response)
+    by_name = {c["name"]: c for c in manifest["capabilities"]}
+    squares = by_name["reports.squares"]
+    assert squares == {**registry.require("reports.squares").describe(), "available": True}
+    inputs = squares["inputSchema"]["properties"]
+    assert (inputs["rows"]["type"], inputs["title"]["type"]) == ("integer", "string")
+    assert set(squares["outputSchema"]["required"]) == {"rows", "csv"}
+    refused = call(agent, "reports.squares", {"rows": "many"})
+    assert refused["error"]["code"] == "INVALID_TYPE"
+    payload = call(agent, "reports.squares", {"rows": 3})
+    assert payload["success"] is True, payload
+    csv = payload["data"]["csv"]
+    assert (payload["data"]["rows"], csv["mimeType"], csv["filename"]) == (
+        3,
+        "text/csv",
+        "squares.csv",
+    )
+    assert base64.b64decode(csv["content"]) == b"# Squares\nn,square\n0,0\n1,1\n2,4"
+
+
+def test_a_declared_capability_reports_progress_and_stops_on_cancel(
+    stack: Stack, agent: Agent
+) -> None:
+    # 5 ms a row: far longer than the test, unless the cancel stops it.
+    call_id = agent.call(
+        "reports.squares", {"rows": 1_000_000}, call_id="squares", progress_token="sq"
+    )
+    progress = agent.wait_for(lambda e: e["type"] == "progress", timeout=20)["payload"]
+    assert (progress["operationId"], progress["total"]) == ("sq", 1_000_000)
+    agent.cancel("squares")
+    assert agent.result_of(call_id)["payload"]["cancelled"] is True
+    # The worker logs "stopped on cancel" only when JobAborted ended the work.
+    job = wait_stopped_by_cancel(stack, agent, "squares")
+    assert not job.hard_killed
