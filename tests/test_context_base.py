@@ -112,9 +112,8 @@ def test_a_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
-    shell, sleeper = (
-        int(pid) for pid in eventually(lambda: pids.exists() and pids.read_text(), TIMEOUT).split()
-    )
+    written = eventually(lambda: pids.read_text() if pids.exists() else None, TIMEOUT)
+    shell, sleeper = (int(pid) for pid in written.split())
     assert os.getpgid(sleeper) == shell  # its own group, led by the shell
     assert os.getpgid(shell) != os.getpgid(0)
     ctx.cancel()
