@@ -13,15 +13,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
-import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from abpsite.safety import DEVELOPMENT_SECRET_KEY, production_problems
 from abpsite.static_headers import add_headers
 from capabilities.conf import DEFAULTS, METRICS_DEFAULTS, STORAGE_DEFAULTS
-
-# Lets admin.ModelAdmin[Job] and friends be subscripted at run time, as typed.
-django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
