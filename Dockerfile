@@ -17,8 +17,8 @@ RUN useradd --create-home --uid 10001 --user-group app
 
 WORKDIR /app
 COPY . .
-# The settings find templates/ and static/ next to the abpsite package (BASE_DIR), so
-# the code runs from /app: PYTHONPATH puts /app ahead of the copy pip installs.
+# pip installs the app and its dependencies; abpsite, the demo project, is not in the
+# wheel, so the code runs from /app: PYTHONPATH puts /app ahead of the installed copy.
 RUN pip install '.[postgres]' \
     && mkdir -p /app/var/media /app/var/static \
     && chown -R app:app /app/var

@@ -195,8 +195,6 @@ DEFAULTS: dict[str, Any] = {
     # (`{"export.pdf": "abp.pdf"}`). A host's partial QUEUES is merged over these.
     "QUEUES": {"small": "abp.small", "heavy": "abp.heavy"},
     "CAPABILITY_QUEUES": {},
-    # Dotted paths of extra CapabilitySpec objects (test settings add a test-only one).
-    "EXTRA_CAPABILITIES": [],
 }
 
 # /metrics for Prometheus (docs/operating.md#health-and-metrics): off (404) unless a

@@ -250,7 +250,7 @@ def test_other_methods_and_hosts_are_refused(stack: Stack, agent: Agent) -> None
 
 
 def test_other_paths_still_reach_django(stack: Stack) -> None:
-    # The route sits in front of Django (abpsite/asgi.py): the rest is Django's.
+    # The route sits in front of Django (capabilities/asgi.py): the rest is Django's.
     connection = http.client.HTTPConnection("127.0.0.1", stack.web_port, timeout=30)
     try:
         connection.request("GET", "/abp.json")

@@ -40,7 +40,7 @@ def origin_of(scope: dict[str, Any]) -> str:
 
 
 def client_address_of(scope: dict[str, Any]) -> str:
-    """The client's address (behind trusted proxies, the one they forwarded: abpsite/asgi.py)."""
+    """The client's address (behind trusted proxies, the one they forwarded: `with_abp`)."""
     client = scope.get("client") or ("", 0)
     return str(client[0])
 

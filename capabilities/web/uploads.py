@@ -2,7 +2,7 @@
 
 Our extension to ABP: a large binary input travels once, as bytes, instead of as
 base64 inside a JSON frame. A small ASGI application, routed in front of Django
-(`in_front_of`, abpsite/asgi.py), so the body goes from the server's `http.request`
+(`in_front_of`, capabilities/asgi.py), so the body goes from the server's `http.request`
 messages to storage once: Django's handler would spool it to a temporary file first
 and its middleware would run for nothing. The checks, cheapest first, all before the
 body is read: the Host (Django's own rule, `HttpRequest.get_host`: 400), the method

@@ -8,7 +8,7 @@ Content-Length is missing (chunked) or over ABP_MAX_UPLOAD_BYTES is answered wit
 route's own JSON error and the connection closed, which stops reading from the socket.
 
 `install()` patches Daphne's request class; it is meant to be called once by
-abpsite/asgi.py at start, beside its other Daphne adjustments.
+capabilities/asgi.py at start, beside its other Daphne adjustments.
 """
 
 from __future__ import annotations
