@@ -1,7 +1,7 @@
 # Development entry points. From a fresh clone:
 #   make run    the demo (Redis, Celery worker + beat, Daphne) at http://127.0.0.1:$(PORT)/
 #   make test   lint, then the whole test suite against a real stack (on SQLite)
-#   make test-postgres   the whole suite again, on a PostgreSQL database of its own
+#   make test-postgres   the tests that reach a database again, on a PostgreSQL database of its own
 # Both create .venv (with $(PYTHON)), install the project into it and, when root,
 # install the few system libraries WeasyPrint needs.
 
@@ -42,7 +42,7 @@ help:
 	@echo "make run      start the demo (Redis, Celery worker and beat, Daphne) on http://127.0.0.1:$(PORT)/"
 	@echo "              variables: PORT=$(PORT) REDIS_PORT=$(REDIS_PORT) WORKER_CONCURRENCY=$(WORKER_CONCURRENCY)"
 	@echo "make test     lint, then the test suite on SQLite (PYTEST_ARGS='...' is passed to pytest)"
-	@echo "make test-postgres  the whole suite on a fresh PostgreSQL database (TEST_DATABASE_URL=$(TEST_DATABASE_URL))"
+	@echo "make test-postgres  the tests that reach a database, on a fresh PostgreSQL database (TEST_DATABASE_URL=$(TEST_DATABASE_URL))"
 	@echo "make lint     ruff check, ruff format --check, mypy, import-linter (the layout's rules)"
 	@echo "make bench    run the benchmarks (bench/run_all.py)"
 	@echo "make clean    remove caches; make distclean also removes .venv, var/ and the SQLite DB"
@@ -137,7 +137,8 @@ test: export ABP_TEST_DATABASE := sqlite
 test: deps lint $(NODE_STAMPS)
 	$(BIN)/python -m pytest -m "not postgres" $(PYTEST_ARGS)
 
-# The same suite, every test included, against PostgreSQL: tests/support/environment.py
+# Every test that reaches a database, and the `postgres` ones, against PostgreSQL (pure
+# and browser tests are left to `make test`: tests/conftest.py): tests/support/environment.py
 # creates a database `abp_test_<random>` on TEST_DATABASE_URL's server, every process of
 # the stack uses it, and it is dropped when the run ends. No lint: `make test` has it.
 test-postgres: export ABP_TEST_DATABASE := postgres

@@ -26,6 +26,31 @@ ARTIFACTS = Path(
 )
 
 
+# What the PostgreSQL pass leaves to `make test`: the pages' JavaScript in Chromium,
+# which the engine under the stack does not change (docs/testing.md).
+SQLITE_PASS_ONLY = ("tests/browser/",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The PostgreSQL pass runs the tests that reach a database, and no other.
+
+    A pure test (neither `database` nor `stack`) cannot touch one: the guard below
+    fails it if it tries. Running it again on PostgreSQL would test nothing new.
+    """
+    if not environment.use_postgres():
+        return
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        reaches = {"database", "stack"} & set(getattr(item, "fixturenames", ()))
+        where = item.nodeid
+        again = reaches and not where.startswith(SQLITE_PASS_ONLY)
+        (kept if again or item.get_closest_marker("postgres") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Before any of the test's fixtures: its module- or session-scoped ones may query.

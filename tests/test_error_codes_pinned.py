@@ -13,7 +13,7 @@ import pytest
 
 from capabilities.protocol.errors import RETRYABLE_CODES, ErrorCode
 
-STATIC = Path(__file__).resolve().parent.parent / "static" / "abp"
+STATIC = Path(__file__).resolve().parent.parent / "capabilities" / "static" / "abp"
 WIRE = STATIC / "wire.js"
 RUNTIME = STATIC / "runtime.js"
 
