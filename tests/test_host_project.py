@@ -5,9 +5,13 @@ installed into an environment of its own (the suite's dependencies seen through 
 `.pth` file, never the repo's code: `capabilities.__file__` is checked); the project
 configured with the blocks of docs/operating.md#a-project-of-your-own, copied from
 the page; an app `reports` whose `abp_capabilities.py` is the tutorial's, copied from
-docs/your-capabilities.md. Then its own Redis, one Celery worker and Daphne, and the
-tutorial's `reports.squares` through the Python client and over MCP: in the manifest
-with its generated schemas, progress seen, cancelled mid-run, and its work stopped.
+docs/your-capabilities.md. Then its stack, as `capabilities.testing.live.LiveStack`
+starts one for a project's own tests (Redis, one Celery worker, beat and Daphne, in
+the project's environment), and the tutorial's `reports.squares` through the Python
+client and over MCP: in the manifest with its generated schemas, progress seen,
+cancelled mid-run, and its work stopped. Last, the tutorial's own stack tests, its
+`conftest.py` with the pytest plugin and its test file, copied from the page into the
+project and run there by pytest, each run starting a stack of its own.
 
 The worker has one child, so a call that finishes after a cancelled one proves the
 cancelled one's loop is over: had it not stopped, it would have run to its end and
@@ -32,17 +36,21 @@ from typing import Any
 
 import anyio
 import pytest
-from abp_jobs_client import CallCancelled, Client, Progress
+from abp_jobs_client import CallCancelled, Progress
 
+from capabilities.testing.live import LiveStack
 from tests.support.mcp_clients import official_client
-from tests.support.stack import ROOT, ManagedProcess, free_port, port_open, redis_server_binary
+from tests.support.stack import ROOT
 from tests.support.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.integration
 
 DOCS = ROOT / "docs"
 ROWS = 5000  # 25 s of the tutorial's work: always cancelled long before its end
-FILE_BLOCK = re.compile(r"```python\n# (mysite/[\w.]+|reports/[\w.]+)([^\n]*)\n(.*?)```", re.S)
+FILE_BLOCK = re.compile(
+    r"```python\n# (mysite/[\w.]+|reports/[\w.]+|conftest\.py)([^\n]*)\n(.*?)```", re.S
+)
+LIVE_TESTS = "reports/test_squares_live.py"
 
 
 def documented_files() -> dict[str, tuple[str, str]]:
@@ -56,23 +64,10 @@ def documented_files() -> dict[str, tuple[str, str]]:
         "mysite/celery.py",
         "mysite/__init__.py",
         "reports/abp_capabilities.py",
+        "conftest.py",
+        LIVE_TESTS,
     } <= set(found)
     return found
-
-
-class HostProcess(ManagedProcess):
-    """A process of the host project: started in its folder, with only its environment."""
-
-    def __init__(self, name: str, args: list[str], host: Path, env: dict[str, str]) -> None:
-        super().__init__(name, args, host / "logs", env, inherit=False)
-        self.cwd = host / "project"
-
-    def launch(self) -> None:
-        # Its own folder first on sys.path (python -m), never the repo's.
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.args, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, env=self.env
-            )
 
 
 @dataclass(frozen=True)
@@ -81,27 +76,39 @@ class Host:
 
     folder: Path
     python: Path
-    web_port: int
-    key: str
+    env: dict[str, str]
+    stack: LiveStack
 
     @property
     def project(self) -> Path:
         return self.folder / "project"
 
     def job(self, call_id: str) -> dict[str, Any] | None:
-        """The job row of a call, read from the host's own database."""
-        with sqlite3.connect(self.project / "db.sqlite3", timeout=20) as db:
-            db.row_factory = sqlite3.Row
-            row = db.execute(
-                "SELECT status, cancel_source, stopped_at, hard_killed, progress, progress_total"
-                " FROM capabilities_job WHERE call_id = ? AND capability = 'reports.squares'",
-                (call_id,),
-            ).fetchone()
-        return dict(row) if row is not None else None
+        """The job row of a call, read from the stack's database."""
+        assert self.stack.database is not None
+        return job_row(self.stack.database, "call_id = ?", call_id)
 
     def saved_reports(self) -> list[bytes]:
         """Every squares.csv the capability saved."""
-        return [path.read_bytes() for path in (self.project / "media").rglob("squares.csv")]
+        return saved_reports(self.stack.media_root)
+
+
+def job_row(database: Path, where: str, *args: str) -> dict[str, Any] | None:
+    """The one `reports.squares` job row `where` finds."""
+    with sqlite3.connect(database, timeout=20) as db:
+        db.row_factory = sqlite3.Row
+        rows = db.execute(
+            "SELECT call_id, status, cancel_source, stopped_at, hard_killed, progress,"
+            f" progress_total FROM capabilities_job WHERE {where}"
+            " AND capability = 'reports.squares'",
+            args,
+        ).fetchall()
+    assert len(rows) <= 1, rows
+    return dict(rows[0]) if rows else None
+
+
+def saved_reports(media: Path) -> list[bytes]:
+    return [path.read_bytes() for path in media.rglob("squares.csv")]
 
 
 def run(python: Path, *args: str, cwd: Path, env: dict[str, str]) -> str:
@@ -135,7 +142,9 @@ def host_environment(folder: Path) -> Path:
     """A venv with the wheel installed; the suite's dependencies through a `.pth` file.
 
     Lines of a `.pth` file only add folders: the repo's own editable install (a finder
-    that a `.pth` of the suite's site-packages starts) is never loaded there.
+    that a `.pth` of the suite's site-packages starts) is never loaded there. The
+    Python client's folder is one of them, as `pip install ./clients/python` would add
+    it, for the tutorial's tests.
     """
     venv = folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -146,7 +155,9 @@ def host_environment(folder: Path) -> Path:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    (Path(site) / "suite-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (Path(site) / "suite-dependencies.pth").write_text(
+        f"{sysconfig.get_paths()['purelib']}\n{ROOT / 'clients' / 'python'}\n"
+    )
     wheel = build_wheel(folder)
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
@@ -157,8 +168,11 @@ def host_environment(folder: Path) -> Path:
     return python
 
 
-def write_project(python: Path, folder: Path, redis_url: str, env: dict[str, str]) -> None:
-    """startproject, then the documented blocks: settings appended, other files as shown."""
+def write_project(python: Path, folder: Path, env: dict[str, str]) -> None:
+    """startproject, then the documented blocks: settings appended, other files as shown.
+
+    The settings keep the page's REDIS_URL: the stack's own settings module replaces it.
+    """
     project = folder / "project"
     project.mkdir()
     run(python, "-m", "django", "startproject", "mysite", str(project), cwd=folder, env=env)
@@ -169,7 +183,7 @@ def write_project(python: Path, folder: Path, redis_url: str, env: dict[str, str
             assert how == "at the end"
             assert 'REDIS_URL = "redis://127.0.0.1:6379/0"' in code
             with (project / name).open("a") as settings:
-                settings.write("\n" + code.replace("redis://127.0.0.1:6379/0", redis_url))
+                settings.write("\n" + code)
         else:
             assert how == ""
             (project / name).write_text(code)
@@ -178,61 +192,37 @@ def write_project(python: Path, folder: Path, redis_url: str, env: dict[str, str
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     folder = tmp_path_factory.mktemp("host-project")
-    (folder / "logs").mkdir()
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", str(folder)),
         "PYTHONUNBUFFERED": "1",
     }
     python = host_environment(folder)
-    redis_port, web_port = free_port(), free_port()
-    write_project(python, folder, f"redis://127.0.0.1:{redis_port}/0", env)
+    write_project(python, folder, env)
     project = folder / "project"
     where = run(python, "-c", "import capabilities; print(capabilities.__file__)", cwd=project,
                 env=env)  # fmt: skip
     assert Path(where.strip()).is_relative_to(folder / "venv"), where
-    run(python, "manage.py", "migrate", "--noinput", cwd=project, env=env)
-    key = run(python, "manage.py", "create_agent_key", "host-test", "--quiet", cwd=project, env=env)
-    processes = [
-        HostProcess(
-            "redis",
-            [redis_server_binary(), "--port", str(redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(folder)],
-            folder,
-            env,
-        ),
-        # Both queues, one child: jobs run one after the other (the module's docstring).
-        HostProcess(
-            "worker",
-            [str(python), "-m", "celery", "-A", "mysite", "worker", "-Q", "abp.heavy,abp.small",
-             "-P", "prefork", "-c", "1", "--prefetch-multiplier", "1", "-n", "host@%h",
-             "--without-gossip", "--without-mingle", "-l", "info"],
-            folder,
-            env,
-        ),
-        HostProcess(
-            "daphne",
-            [str(python), "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
-             "mysite.asgi:application"],
-            folder,
-            env,
-        ),
-    ]  # fmt: skip
-    redis, worker, daphne = processes
+    # Both queues, one child: jobs run one after the other (the module's docstring).
+    stack = LiveStack(
+        "mysite.settings",
+        project_dir=project,
+        python=python,
+        env=env,
+        run_dir=folder / "stack",
+        concurrency=1,
+    )
     try:
-        redis.start(lambda: port_open(redis_port))
-        worker.start(lambda: " ready." in worker.log_text())
-        daphne.start(lambda: port_open(web_port))
-        yield Host(folder, python, web_port, key.strip())
+        with stack:
+            yield Host(folder, python, env, stack)
     finally:
-        for process in reversed(processes):
-            process.stop()
-        for process in processes:
-            print(f"--- {process.name}\n{process.tail(60)}")
+        for name in ("setup", "redis", "worker", "beat", "daphne"):
+            tail = "\n".join(stack.log(name).splitlines()[-60:])
+            print(f"--- {name}\n{tail}")
 
 
 def manifest(host: Host) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{host.web_port}/abp.json"
+    url = f"{host.stack.http_url}/abp.json"
     with urllib.request.urlopen(url, timeout=10) as response:
         document: dict[str, Any] = json.load(response)
     return document
@@ -268,8 +258,7 @@ def cancelled_and_stopped(host: Host, call_id: str) -> dict[str, Any] | None:
 
 def finish_one_more(host: Host) -> None:
     """A short call to its end on the worker's one child: every earlier job has ended."""
-    with Client(f"ws://127.0.0.1:{host.web_port}/abp/ws", key=host.key) as client:
-        result = client.call("reports.squares", {"rows": 3, "title": "After"})
+    result = host.stack.call("reports.squares", {"rows": 3, "title": "After"})
     assert result.data["rows"] == 3
 
 
@@ -290,7 +279,7 @@ def test_the_python_client_sees_progress_cancels_mid_run_and_the_work_stops(
 ) -> None:
     eventually(lambda: squares_available(host), timeout=30)
     seen: list[Progress] = []
-    with Client(f"ws://127.0.0.1:{host.web_port}/abp/ws", key=host.key) as client:
+    with host.stack.client() as client:
         handle = client.start(
             "reports.squares", {"rows": ROWS}, on_progress=seen.append, call_id="client-1"
         )
@@ -316,8 +305,8 @@ def test_an_mcp_client_sees_progress_cancels_mid_run_and_the_work_stops(host: Ho
             if progress >= 200:
                 rows_seen.set()
 
-        url = f"http://127.0.0.1:{host.web_port}/mcp"
-        async with official_client(url, key=host.key, mode="legacy") as client:
+        url = f"{host.stack.http_url}/mcp"
+        async with official_client(url, key=host.stack.key, mode="legacy") as client:
             tools = {tool.name: tool for tool in (await client.list_tools()).tools}
             assert tools["reports.squares"].input_schema["properties"]["rows"]["type"] == (
                 "integer"
@@ -344,7 +333,8 @@ def test_an_mcp_client_sees_progress_cancels_mid_run_and_the_work_stops(host: Ho
 
 
 def mcp_calls(host: Host) -> list[dict[str, Any]]:
-    with sqlite3.connect(host.project / "db.sqlite3", timeout=20) as db:
+    assert host.stack.database is not None
+    with sqlite3.connect(host.stack.database, timeout=20) as db:
         db.row_factory = sqlite3.Row
         rows = db.execute(
             "SELECT job.call_id, job.status FROM capabilities_job AS job"
@@ -360,3 +350,33 @@ def mcp_job_cancelled(host: Host) -> bool:
 
 def outcome_call_ids(host: Host) -> list[str]:
     return [row["call_id"] for row in mcp_calls(host) if row["status"] == "cancelled"]
+
+
+def test_the_tutorial_s_stack_tests_pass_in_the_project_with_the_pytest_plugin(
+    host: Host,
+) -> None:
+    """The page's conftest.py and test file, run by pytest in the project: a stack of
+    their own (`abp_stack`), where the cancelled call stopped at a checkpoint."""
+    basetemp = host.folder / "tutorial-tests"
+    done = subprocess.run(
+        [str(host.python), "-m", "pytest", "-q", "-W", "error", "-p", "no:cacheprovider",
+         f"--basetemp={basetemp}", LIVE_TESTS],
+        cwd=host.project,
+        env={**host.env, "DJANGO_SETTINGS_MODULE": "mysite.settings"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "2 passed" in done.stdout, done.stdout
+    # Its stack is stopped by now: its database and files say what the work did.
+    stack = basetemp / "abp-stack0"
+    job = job_row(stack / "db.sqlite3", "status = 'cancelled'")
+    assert job is not None
+    assert job["cancel_source"] == "agent"
+    assert job["stopped_at"] is not None
+    assert not job["hard_killed"]
+    assert job["progress"] < job["progress_total"] == 5000
+    reports = saved_reports(stack / "media")
+    assert [data.count(b"\n") for data in reports] == [301]  # the finished call's alone

@@ -30,7 +30,10 @@ def test_the_example_app_is_the_tutorial_s_code() -> None:
 
 
 def test_the_tutorial_s_tests_pass_as_written() -> None:
-    (tests,) = code_blocks("Testing it")
+    # The first block; the real stack's (conftest.py and a test file) run in a project
+    # of their own in tests/test_host_project.py.
+    tests, conftest, _ = code_blocks("Testing it")
+    assert conftest.startswith("# conftest.py\n")
     namespace: dict[str, object] = {}
     exec(compile(tests, str(TUTORIAL), "exec"), namespace)
     ran = [name for name in namespace if name.startswith("test_")]
