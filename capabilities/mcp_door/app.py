@@ -35,7 +35,11 @@ PATH = "/mcp"
 def transport_security() -> TransportSecuritySettings:
     """DNS-rebinding and Origin checks from ALLOWED_HOSTS and ABP_ALLOWED_ORIGINS."""
     hosts: list[str] = []
-    for host in settings.ALLOWED_HOSTS:
+    allowed = list(settings.ALLOWED_HOSTS)
+    if not allowed and settings.DEBUG:
+        # Django's own fallback for an empty ALLOWED_HOSTS under DEBUG.
+        allowed = ["localhost", "127.0.0.1", "[::1]"]
+    for host in allowed:
         if host == "*":
             return TransportSecuritySettings(enable_dns_rebinding_protection=False)
         # The SDK matches Host exactly or `name:*`; Django's `.example.com` means the
