@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import urllib.request
 import zlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from capabilities.work import registry
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running, wait_stopped_by_cancel
 from tests.support.stack import Stack
+from tests.support.waiting import eventually
 
 
 def binary(data: bytes, mime: str) -> dict[str, str]:
@@ -198,3 +201,42 @@ def test_a_declared_capability_reports_progress_and_stops_on_cancel(
     # The worker logs "stopped on cancel" only when JobAborted ended the work.
     job = wait_stopped_by_cancel(stack, agent, "squares")
     assert not job.hard_killed
+
+
+def test_an_async_capability_is_cancelled_at_its_await(stack: Stack, agent: Agent) -> None:
+    # tests/testapp: `async def`, 5 ms an await; a cancel cancels its task.
+    params = {"ticks": 1_000_000, "tick_ms": 5}
+    call_id = agent.call("test.asyncTicks", params, call_id="ticks", progress_token="tk")
+    progress = agent.wait_for(lambda e: e["type"] == "progress", timeout=20)["payload"]
+    assert (progress["operationId"], progress["total"]) == ("tk", 1_000_000)
+    agent.cancel("ticks")
+    assert agent.result_of(call_id)["payload"]["cancelled"] is True
+    job = wait_stopped_by_cancel(stack, agent, "ticks")
+    assert not job.hard_killed
+
+
+def test_a_programs_process_group_is_killed_with_its_call(
+    stack: Stack, agent: Agent, tmp_path: Path
+) -> None:
+    # tests/testapp: `sleep 60` through ctx.run_process, its pid written to a file.
+    pid_file = tmp_path / "child.pid"
+    call_id = agent.call("test.child", {"pid_file": str(pid_file)}, call_id="child")
+    pid = int(eventually(lambda: read_pid(pid_file), timeout=20))
+    assert process_alive(pid)
+    agent.cancel("child")
+    assert agent.result_of(call_id)["payload"]["cancelled"] is True
+    assert eventually(lambda: not process_alive(pid), timeout=10)
+    job = wait_stopped_by_cancel(stack, agent, "child")
+    assert not job.hard_killed
+
+
+def read_pid(pid_file: Path) -> str | None:
+    return pid_file.read_text().strip() or None if pid_file.exists() else None
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

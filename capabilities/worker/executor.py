@@ -6,11 +6,14 @@ whichever pool runs it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from celery.exceptions import SoftTimeLimitExceeded
+from django import db
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
@@ -70,6 +73,11 @@ class WorkerContext(ContextBase):
 
     def report(self, *, progress: float, total: float | None = None, stage: str = "") -> None:
         """Send progress to the agent now; to the DB at most every interval."""
+        if _event_loop_running():
+            # An `async def` capability reports from its event loop, where Django
+            # refuses database work: the report is made from a thread of its own.
+            _off_the_loop(lambda: self.report(progress=progress, total=total, stage=stage))
+            return
         with self._interrupter.shielded():
             if self._job.progress_token is not None:
                 notes.notify(
@@ -106,6 +114,33 @@ class WorkerContext(ContextBase):
         """Delete output of a run whose outcome was dropped."""
         for name in self.saved_files:
             default_storage.delete(name)
+
+
+def _event_loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _off_the_loop(work: Callable[[], None]) -> None:
+    """Do `work` in a thread of its own and wait; its database connection is closed after."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            db.connections.close_all()
+
+    thread = threading.Thread(target=run, name="abp-off-loop", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
 
 
 _running: WorkerContext | None = None

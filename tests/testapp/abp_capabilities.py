@@ -11,6 +11,9 @@
 
 With `fileBytes`, the result also carries a file of that many random bytes.
 
+`test.asyncTicks` is an `async def` ticking on `asyncio.sleep`, and `test.child` runs a
+program of its own through `ctx.run_process`: both are declared from type hints.
+
 `test.allocate` asks for `mb` MiB: `python` in zero-filled chunks held until the end
 (every page touched), `glib` in one `g_malloc`, which aborts the process when it
 fails, as the C libraries under WeasyPrint do.
@@ -18,10 +21,12 @@ fails, as the C libraries under WeasyPrint do.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import resource
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from capabilities import CapabilityError, JobContext, capability
@@ -112,3 +117,46 @@ def run_allocate(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         ctx.checkpoint()
         chunks.append(bytearray(ALLOCATION_CHUNK))
     return {"allocatedMb": params["mb"]}
+
+
+@dataclass
+class Ticks:
+    """How long `test.asyncTicks` runs: `ticks` awaits of `tick_ms`."""
+
+    ticks: int = 1000
+    tick_ms: int = 10
+
+
+@dataclass
+class Ticked:
+    ticks: int
+
+
+@capability("test.asyncTicks", description="Test only: an async def awaiting asyncio.sleep.")
+async def run_async_ticks(params: Ticks, ctx: JobContext) -> Ticked:
+    """Await `ticks` sleeps, reporting each: a cancel cancels the task at its await."""
+    for tick in range(params.ticks):
+        await asyncio.sleep(params.tick_ms / 1000)
+        ctx.report(progress=tick + 1, total=params.ticks, stage="ticking")
+    return Ticked(ticks=params.ticks)
+
+
+@dataclass
+class Child:
+    """`test.child` runs `sleep seconds` in a child whose pid it writes to `pid_file`."""
+
+    pid_file: str
+    seconds: int = 60
+
+
+@dataclass
+class ChildDone:
+    code: int
+
+
+@capability("test.child", description="Test only: a child process through ctx.run_process.")
+def run_child(params: Child, ctx: JobContext) -> ChildDone:
+    """A program of its own, which a cancel must kill with its process group."""
+    script = f'echo $$ > "$1"; exec sleep {params.seconds}'
+    done = ctx.run_process(["sh", "-c", script, "child", params.pid_file])
+    return ChildDone(code=done.returncode)
