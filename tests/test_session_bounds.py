@@ -175,7 +175,9 @@ def test_mcp_refuses_at_initialize_when_nothing_can_make_room(limited: str) -> N
             async with httpx2.AsyncClient(timeout=90) as http:
                 busy = RawSession(http, mcp(limited), plaintext)
                 await busy.open()
-                params = {"name": "test.sleep", "arguments": LONG}
+                # With progress, the stream's first event (and so its headers) comes at once.
+                meta = {"progressToken": "busy"}
+                params = {"name": "test.sleep", "arguments": LONG, "_meta": meta}
                 async with busy.request(1, "tools/call", params):
                     session_id = uuid.UUID(hex=busy.session_id)
                     # In a thread that closes its connection (psycopg warns otherwise).
