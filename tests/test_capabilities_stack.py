@@ -187,31 +187,28 @@ def test_a_declared_capability_is_served_with_its_generated_schemas(
     assert base64.b64decode(csv["content"]) == b"# Squares\nn,square\n0,0\n1,1\n2,4"
 
 
+@pytest.mark.parametrize(
+    ("capability", "params"),
+    [
+        # The tutorial's: 5 ms a row, far longer than the test unless the cancel stops it.
+        ("reports.squares", {"rows": 1_000_000}),
+        # tests/testapp: an `async def`, 5 ms an await; a cancel cancels its task.
+        ("test.asyncTicks", {"ticks": 1_000_000, "tick_ms": 5}),
+    ],
+)
 def test_a_declared_capability_reports_progress_and_stops_on_cancel(
-    stack: Stack, agent: Agent
+    stack: Stack, agent: Agent, capability: str, params: dict[str, Any]
 ) -> None:
-    # 5 ms a row: far longer than the test, unless the cancel stops it.
-    call_id = agent.call(
-        "reports.squares", {"rows": 1_000_000}, call_id="squares", progress_token="sq"
-    )
-    progress = agent.wait_for(lambda e: e["type"] == "progress", timeout=20)["payload"]
-    assert (progress["operationId"], progress["total"]) == ("sq", 1_000_000)
-    agent.cancel("squares")
+    token = f"progress-{capability}"
+    call_id = agent.call(capability, params, call_id=capability, progress_token=token)
+    progress = agent.wait_for(
+        lambda e: e["type"] == "progress" and e["payload"]["operationId"] == token, timeout=20
+    )["payload"]
+    assert progress["total"] == 1_000_000
+    agent.cancel(capability)
     assert agent.result_of(call_id)["payload"]["cancelled"] is True
     # The worker logs "stopped on cancel" only when JobAborted ended the work.
-    job = wait_stopped_by_cancel(stack, agent, "squares")
-    assert not job.hard_killed
-
-
-def test_an_async_capability_is_cancelled_at_its_await(stack: Stack, agent: Agent) -> None:
-    # tests/testapp: `async def`, 5 ms an await; a cancel cancels its task.
-    params = {"ticks": 1_000_000, "tick_ms": 5}
-    call_id = agent.call("test.asyncTicks", params, call_id="ticks", progress_token="tk")
-    progress = agent.wait_for(lambda e: e["type"] == "progress", timeout=20)["payload"]
-    assert (progress["operationId"], progress["total"]) == ("tk", 1_000_000)
-    agent.cancel("ticks")
-    assert agent.result_of(call_id)["payload"]["cancelled"] is True
-    job = wait_stopped_by_cancel(stack, agent, "ticks")
+    job = wait_stopped_by_cancel(stack, agent, capability)
     assert not job.hard_killed
 
 

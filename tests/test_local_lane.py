@@ -213,17 +213,25 @@ def test_the_lane_heartbeat_keeps_a_job_from_the_reaper_until_it_is_settled() ->
     )
     lane = local_lane.LocalLane()
     lane.unsettled.add(str(job.pk))
-    HeartbeatThread("test-lane-heartbeat", lane.beat).start()
-    lost_after = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"])
-    time.sleep(1.5 * lost_after + 0.5)
-    job.refresh_from_db()
-    assert job.status == JobStatus.RUNNING
-    lane.unsettled.clear()
-    failed = eventually(
-        lambda: Job.objects.filter(pk=job.pk, status=JobStatus.FAILED).first(),
-        timeout=lost_after + 10,
-    )
-    assert failed.error_code == ErrorCode.WORKER_LOST
+    heartbeat = HeartbeatThread("test-lane-heartbeat", lane.beat)
+    heartbeat.start()
+    try:
+        lost_after = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"])
+        time.sleep(1.5 * lost_after + 0.5)
+        job.refresh_from_db()
+        assert job.status == JobStatus.RUNNING
+        lane.unsettled.clear()
+        failed = eventually(
+            lambda: Job.objects.filter(pk=job.pk, status=JobStatus.FAILED).first(),
+            timeout=lost_after + 10,
+        )
+        assert failed.error_code == ErrorCode.WORKER_LOST
+    finally:
+        # A beat left running would go on into later tests (which may not use the
+        # database): its failures' tracebacks parse source as they print, and
+        # CPython 3.11.7's parser state is not safe to share across threads.
+        heartbeat.stop()
+        heartbeat.join(timeout=10)
 
 
 # -- the parts -------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from django.conf import settings
@@ -26,12 +25,16 @@ class HeartbeatThread(threading.Thread):
     def __init__(self, name: str, beat: Callable[[], None]) -> None:
         super().__init__(name=name, daemon=True)
         self._beat = beat
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """Beat no more (the process's own threads beat as long as it lives)."""
+        self._stopped.set()
 
     def run(self) -> None:
         interval = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"]) / 3
         try:
-            while True:
-                time.sleep(interval)
+            while not self._stopped.wait(interval):
                 try:
                     close_old_connections()  # one the server dropped is not used again
                     self._beat()
