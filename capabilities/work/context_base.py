@@ -6,6 +6,7 @@ The worker's context, the local lane's and the recording one of
 
 from __future__ import annotations
 
+import abc
 import base64
 import binascii
 import subprocess
@@ -18,13 +19,13 @@ from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import CapabilityError
 
 
-class ContextBase:
+class ContextBase(abc.ABC):
     """`cancelled`, `wait`, `on_cancel`, `run_process` over a `CancelSignal`; `read_bytes`."""
 
     @property
+    @abc.abstractmethod
     def cancel_signal(self) -> CancelSignal:
         """This job's cancel (each context says where it comes from)."""
-        raise NotImplementedError
 
     @property
     def cancelled(self) -> bool:
