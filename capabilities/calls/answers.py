@@ -17,11 +17,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import cancellation, start
+from capabilities.calls import background, cancellation, start
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import results
 from capabilities.models import CancelSource, Job
@@ -43,17 +42,17 @@ async def start_for_caller(
     CallRefused if the call service refuses it.
     """
     ticket = StartTicket()
-    starting = asyncio.ensure_future(
+    # A cancellation stops the wait, never the insert half-way.
+    starting = background.unstoppable(
         start.start(principal, dataclasses.replace(request, ticket=ticket))
     )
     try:
-        # Shielded: a cancellation stops the wait, never the insert half-way.
         return await asyncio.shield(starting)
     except BaseException:
         if starting.done() and (starting.cancelled() or starting.exception() is not None):
             raise  # the start itself failed (refused): nothing was stored
-        with anyio.CancelScope(shield=True):
-            await _settle_abandoned_start(starting, ticket, cancel_source(), cancel_reason)
+        settling = _settle_abandoned_start(starting, ticket, cancel_source(), cancel_reason)
+        await background.waited(background.unstoppable(settling))
         raise
 
 
@@ -81,7 +80,9 @@ async def end_for_caller(job: Job, source: CancelSource, reason: str) -> dict[st
     The cancelled ABPResponse if this settle won (its delivery is claimed in the same
     write); None if the call settled first, whose own outcome the caller then claims.
     """
-    if not await cancellation.cancel_for_caller(job, source, reason):
+    # Settle, then the abort flag: both happen even if the caller is cancelled meanwhile.
+    won = background.unstoppable(cancellation.cancel_for_caller(job, source, reason))
+    if not await background.waited(won):
         return None
     duration = results.duration_ms(job, settled_at=timezone.now())
     return responses.cancelled(job.call_id, source, duration)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from channels.db import database_sync_to_async
@@ -32,14 +32,19 @@ from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, Server
 from mcp.shared.exceptions import MCPError
 
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, cancellation, held_sessions, resumption, session_records
+from capabilities.calls import (
+    background,
+    budgets,
+    cancellation,
+    held_sessions,
+    resumption,
+    session_records,
+)
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import sdk_seams
 from capabilities.models import AgentSession, CancelSource, Door
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 ENDED_REASON = "MCP session ended"
 # Rows of a live MCP session closed by someone else: its next tool call opens them again.
@@ -47,8 +52,6 @@ REOPENED_REASONS = (budgets.MADE_ROOM_REASON, resumption.EXPIRED_REASON)
 _open: set[str] = set()
 # Sessions a client is deleting: their calls cut short are disconnects, not cancels.
 _ending: set[str] = set()
-# Database work that must finish whoever stops waiting for it (asyncio keeps weak refs).
-_unfinished: set[asyncio.Future[Any]] = set()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,15 +165,17 @@ async def _per_call_session(opener: _Opener, principal: Principal) -> str:
     session_id = str(uuid.uuid4())
     # Seen while its call runs: the reaper ends rows nobody holds.
     held_sessions.hold(_holder(session_id), session_id)
-    writing = _unstoppable(database_sync_to_async(_write_per_call)(session_id, opener, principal))
+    writing = background.unstoppable(
+        database_sync_to_async(_write_per_call)(session_id, opener, principal)
+    )
     try:
-        await _waited(writing)
+        await background.waited(writing)
         # A cancel held back while the row was written lands here.
         await anyio.lowlevel.checkpoint_if_cancelled()
     except BaseException:
         # Cancelled while the insert goes on in its thread (or it failed): once it is
         # done, nothing of it stays open.
-        await _waited(_unstoppable(_end_after(writing, session_id)))
+        await background.waited(background.unstoppable(_end_after(writing, session_id)))
         raise
     return session_id
 
@@ -184,9 +189,11 @@ async def _stateful_session(
     session_id: str, connection: Connection, opener: _Opener, principal: Principal
 ) -> None:
     """The session's row, open (written, or opened again); held while the MCP session lives."""
-    writing = _unstoppable(database_sync_to_async(_ensure_open)(session_id, opener, principal))
+    writing = background.unstoppable(
+        database_sync_to_async(_ensure_open)(session_id, opener, principal)
+    )
     try:
-        await _waited(writing)
+        await background.waited(writing)
     except budgets.OverBudget:
         raise
     except BaseException:
@@ -202,21 +209,6 @@ def _hold(session_id: str, connection: Connection) -> None:
     _open.add(session_id)
     held_sessions.hold(_holder(session_id), session_id)
     connection.exit_stack.push_async_callback(end_session, session_id)
-
-
-def _unstoppable(work: Awaitable[T]) -> asyncio.Future[T]:
-    """`work` as a task of its own: a cancel of whoever waits for it does not cut it short."""
-    task = asyncio.ensure_future(work)
-    _unfinished.add(task)
-    task.add_done_callback(_unfinished.discard)
-    return task
-
-
-async def _waited(task: asyncio.Future[T]) -> T:
-    """Wait for `task`; a cancel of the caller (anyio's, deferred; asyncio's) leaves it running."""
-    with anyio.CancelScope(shield=True):
-        await asyncio.shield(task)
-    return task.result()
 
 
 def _holder(session_id: str) -> str:

@@ -102,8 +102,7 @@ async def _run(
             ended = await answers.end_for_caller(job, CancelSource.TIMEOUT, "deadline passed")
             response = ended or await _outcome(watch, job, ctx)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await answers.end_for_caller(job, cancel_source(), CANCEL_REASON)
+            await answers.end_for_caller(job, cancel_source(), CANCEL_REASON)
             raise
     return tools.tool_result(response)
 
