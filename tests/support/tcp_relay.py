@@ -46,6 +46,8 @@ class TcpRelay:
                     selector.register(client, selectors.EVENT_READ)
                     selector.register(upstream, selectors.EVENT_READ)
                     continue
+                if sock not in peers:
+                    continue  # closed earlier in this round, with its peer
                 data = sock.recv(65536)
                 if not data:
                     for end in (sock, peers[sock]):
