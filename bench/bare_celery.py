@@ -15,7 +15,6 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     result_serializer="json",
-    worker_prefetch_multiplier=1,
     task_default_queue="bare",
 )
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]
 import weasyprint
 from PIL import Image
 
@@ -99,3 +100,26 @@ def bare_celery_calls(n: int) -> list[float]:
         echo.apply_async(args=(1,)).get(timeout=10)
         times.append((time.perf_counter() - start) * 1000)
     return times
+
+
+class ProcessCpu:
+    """CPU seconds (user + sys) of named processes, with their children unless `alone`."""
+
+    def __init__(self, roots: dict[str, int], alone: tuple[str, ...] = ()) -> None:
+        self.roots = {name: psutil.Process(pid) for name, pid in roots.items()}
+        self.alone = alone
+
+    def read(self) -> dict[str, float]:
+        """Each one's CPU seconds so far (a child that exited counts in its parent)."""
+        seconds: dict[str, float] = {}
+        for name, root in self.roots.items():
+            total = 0.0
+            children = () if name in self.alone else root.children(recursive=True)
+            for process in (root, *children):
+                try:
+                    t = process.cpu_times()
+                except psutil.NoSuchProcess:
+                    continue
+                total += t.user + t.system + t.children_user + t.children_system
+            seconds[name] = total
+        return seconds

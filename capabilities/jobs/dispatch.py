@@ -51,7 +51,7 @@ def pump(queues: Iterable[str] | None = None) -> list[str]:
     """Hand waiting jobs to Celery where slots are free; the ids handed over."""
     if not Job.objects.filter(status=JobStatus.QUEUED, dispatched_at__isnull=True).exists():
         return []
-    slots = workers.capacity(workers.live_workers())
+    slots = workers.capacity(workers.recent())
     names = sorted(set(queues) if queues is not None else _queues_with_waiting())
     sent: list[str] = []
     for name in names:
@@ -83,7 +83,7 @@ def created(job: Job) -> None:
     if job.dispatched_at is not None:
         queue.enqueue(job)
         return
-    slots = workers.capacity(workers.live_workers()).get(job.queue, 0)
+    slots = workers.capacity(workers.recent()).get(job.queue, 0)
     if slots > 0 and str(job.id) in _pump_queue(job.queue, slots):
         return
     if job.progress_token is not None:
@@ -109,6 +109,17 @@ def _queues_with_waiting() -> set[str]:
 
 def _pump_queue(name: str, slots: int) -> list[str]:
     lines: dict[str, _Line] = {}
+    # Who waits first: most pumps (every settle) find nobody waiting, and stop here.
+    heads = (
+        Job.objects.filter(status=JobStatus.QUEUED, dispatched_at__isnull=True, queue=name)
+        .order_by()
+        .values_list("principal")
+        .annotate(n=Count("id"), first=Min("created_at"), share=Max("max_running"))
+    )
+    for principal, waiting, first, share in heads:
+        lines[principal] = _Line(waiting=waiting, first_waiting=first, share=share)
+    if not lines:
+        return []
     busy = 0
     handed = (
         Job.objects.filter(status__in=ACTIVE_STATUSES, dispatched_at__isnull=False)
@@ -122,17 +133,6 @@ def _pump_queue(name: str, slots: int) -> list[str]:
         if job_queue == name:
             busy += n
     free = slots - busy
-    if free <= 0:
-        return []
-    heads = (
-        Job.objects.filter(status=JobStatus.QUEUED, dispatched_at__isnull=True, queue=name)
-        .order_by()
-        .values("principal")
-        .annotate(n=Count("id"), first=Min("created_at"), share=Max("max_running"))
-    )
-    for head in heads:
-        line = lines.setdefault(head["principal"], _Line())
-        line.waiting, line.first_waiting, line.share = head["n"], head["first"], head["share"]
     while free > 0:
         ready = [
             (line.running + line.taken, line.first_waiting, principal)
@@ -151,17 +151,20 @@ def _pump_queue(name: str, slots: int) -> list[str]:
     return sent
 
 
+# What the hand-over reads of each waiting job, as plain values (no model instances).
+_LINE_COLUMNS = ("id", "capability", "deadline", "session_id", "call_id", "progress_token")
+
+
 def _hand_over(name: str, principal: str, count: int) -> list[str]:
     """Send the principal's `count` oldest waiting jobs on the queue to Celery."""
-    line = list(
-        Job.objects.filter(
+    line = [
+        Job(**dict(zip(_LINE_COLUMNS, row, strict=True)))
+        for row in Job.objects.filter(
             status=JobStatus.QUEUED, dispatched_at__isnull=True, queue=name, principal=principal
         )
         .order_by("created_at")
-        .only("id", "capability", "deadline", "session_id", "call_id", "progress_token")[
-            : count + int(settings.ABP["QUEUE_POSITION_UPDATES"])
-        ]
-    )
+        .values_list(*_LINE_COLUMNS)[: count + int(settings.ABP["QUEUE_POSITION_UPDATES"])]
+    ]
     sent: list[str] = []
     for job in line[:count]:
         if claim(job.id):

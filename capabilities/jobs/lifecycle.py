@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from capabilities.jobs import dispatch, events, inputs, notes, queue, row_updates
+from capabilities.jobs import dispatch, events, inputs, notes, queue, row_inserts, row_updates
 from capabilities.jobs.slot_counts import SlotCounts
 from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import WireError, responses
@@ -137,7 +137,7 @@ def create_job(
     try:
         # One autocommitted INSERT (no BEGIN/COMMIT round of its own); on_commit
         # then sends it at once, or when the caller's own transaction commits.
-        job.save(force_insert=True)
+        row_inserts.insert(job)
     except IntegrityError as exc:
         raise CallIdInUse(call_id) from exc
     if events.enabled():
