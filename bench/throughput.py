@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -48,64 +47,9 @@ STACK = environment.prepare(
     DJANGO_LOG_LEVEL="WARNING",
 )
 
-from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
 from bench.common import ProcessCpu, bare_worker  # noqa: E402
-from tests.support.agent import envelope  # noqa: E402
-
-MARKDOWN = "# Notes\n\nA *short* document with a [link](https://example.com).\n\n- one\n- two\n"
-INITIALIZE = {
-    "agent": {"name": "throughput-bench", "version": "1.0"},
-    "protocolVersion": "0.1",
-    "features": {"notifications": False, "progress": False},
-}
-
-
-async def open_session(url: str) -> ClientConnection:
-    """A WebSocket session with the suite's key, initialized."""
-    headers = {"Authorization": f"Bearer {os.environ['ABP_TEST_AGENT_KEY']}"}
-    ws = await connect(url, max_size=None, additional_headers=headers, proxy=None)
-    await ws.send(envelope("initialize", "init", INITIALIZE))
-    reply = json.loads(await ws.recv())
-    if reply["type"] != "initialize-result" or "error" in reply:
-        raise RuntimeError(f"initialize failed: {reply}")
-    return ws
-
-
-async def burst(ws: ClientConnection, calls: int, tag: str) -> tuple[float, float]:
-    """Send `calls` calls at once, wait for every result: (sent, answered) in seconds."""
-    frames = [
-        envelope(
-            "capabilities/call",
-            f"{tag}-{n}",
-            {
-                "capability": "convert.markdownToHtml",
-                "params": {"markdown": MARKDOWN},
-                "options": {"callId": f"{tag}-{n}"},
-            },
-        )
-        for n in range(calls)
-    ]
-    start = time.perf_counter()
-    for frame in frames:
-        await ws.send(frame)
-    sent = time.perf_counter() - start
-    waiting = calls
-    while waiting:
-        message = json.loads(await ws.recv())
-        if message["type"] != "capabilities/call-result":
-            continue
-        if message["payload"].get("success") is not True:
-            raise RuntimeError(f"a call failed: {message}")
-        waiting -= 1
-    return sent, time.perf_counter() - start
-
-
-async def ours(sessions: list[ClientConnection], calls: int, tag: str) -> float:
-    """Seconds to answer `calls` calls on each session, all sent at once."""
-    start = time.perf_counter()
-    await asyncio.gather(*(burst(ws, calls, f"{tag}-{i}") for i, ws in enumerate(sessions)))
-    return time.perf_counter() - start
+from bench.ws_load import burst, open_session, ours  # noqa: E402
 
 
 def bare(total: int) -> float:
@@ -167,10 +111,11 @@ def run(args: argparse.Namespace, loop: asyncio.AbstractEventLoop, cpu: ProcessC
     bare(50)
     for r in range(args.rounds):
         spies = profile(args.profile, cpu) if args.profile and r == 0 else []
+        tag = f"r{r}"
         seconds = measured(
             cpu,
             figures.ours_cpu,
-            lambda r=r: loop.run_until_complete(ours(sessions, args.calls, f"r{r}")),
+            lambda: loop.run_until_complete(ours(sessions, args.calls, tag)),  # noqa: B023
         )
         for spy in spies:
             spy.wait()
