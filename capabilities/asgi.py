@@ -24,6 +24,7 @@ def with_abp(django_application: Any) -> Any:
     """
     from channels.routing import ProtocolTypeRouter, URLRouter
 
+    from capabilities.calls import warm_up
     from capabilities.mcp_door.app import MCPDoor, routed
     from capabilities.transport.browser_origins import browser_origin_validator
     from capabilities.transport.hosts import AllowedHostsValidator
@@ -37,16 +38,20 @@ def with_abp(django_application: Any) -> Any:
     _close_oversized_frames_with_1009()
     _refuse_sends_after_disconnect()
     uploads_early_limit.install()
+    # Warm before the first call: the lane's processes start loading now.
+    warm_up.begin()
     # The client's address comes from trusted proxies' headers before anything reads
     # it: Django's REMOTE_ADDR and the consumer's per-address budgets alike.
-    return behind_trusted_proxies(
-        ProtocolTypeRouter(
-            {
-                "http": routed(MCPDoor(), uploads.in_front_of(django_application)),
-                "websocket": AllowedHostsValidator(
-                    browser_origin_validator(URLRouter(websocket_urlpatterns))
-                ),
-            }
+    return warm_up.on_first_event(
+        behind_trusted_proxies(
+            ProtocolTypeRouter(
+                {
+                    "http": routed(MCPDoor(), uploads.in_front_of(django_application)),
+                    "websocket": AllowedHostsValidator(
+                        browser_origin_validator(URLRouter(websocket_urlpatterns))
+                    ),
+                }
+            )
         )
     )
 

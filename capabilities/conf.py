@@ -185,8 +185,10 @@ DEFAULTS: dict[str, Any] = {
     # LOCAL_LANE_PROCESSES processes beside each Daphne instead of through Celery
     # (0: off), each capped at LOCAL_LANE_MEMORY_LIMIT_MB of address space and killed
     # after LOCAL_LANE_TIME_LIMIT_SECONDS (kept under WORKER_LOST_AFTER_SECONDS: the
-    # reaper fails a local run whose Daphne died after that long).
+    # reaper fails a local run whose Daphne died after that long). Up to
+    # LOCAL_LANE_BACKLOG calls per process wait for one; past that, calls go to Celery.
     "LOCAL_LANE_PROCESSES": 1,
+    "LOCAL_LANE_BACKLOG": 256,
     "LOCAL_LANE_CAPABILITIES": ["convert.markdownToHtml"],
     "LOCAL_LANE_MAX_PARAMS_BYTES": 64 * 1024,
     "LOCAL_LANE_TIME_LIMIT_SECONDS": 5.0,

@@ -35,7 +35,7 @@ from prometheus_client.samples import Sample
 from pythonjsonlogger.json import JsonFormatter
 
 from abpsite.log_formats import PlainFormatter
-from capabilities.calls import cancellation
+from capabilities.calls import cancellation, local_lane
 from capabilities.jobs import dispatch, lifecycle
 from capabilities.jobs.workers import LiveWorker
 from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
@@ -105,9 +105,35 @@ def test_readyz_is_ready_with_the_database_redis_and_live_workers(stack: Stack) 
     answer = json.loads(body)
     assert status == 200, answer
     assert answer["status"] == "ready"
-    assert answer["checks"] == {"database": "ok", "redis": "ok", "workers": "ok"}
+    assert answer["checks"] == {"database": "ok", "redis": "ok", "workers": "ok", "warm": "ok"}
     assert answer["liveWorkers"] >= 2  # the heavy and the small queue's
     assert headers["Cache-Control"] == "no-store"
+
+
+def test_a_fresh_daphne_is_ready_once_warm_and_its_first_call_runs_in_its_lane(
+    stack: Stack,
+) -> None:
+    # The lane used to start at the first WebSocket connection: that connection's first
+    # call went through Celery, and paid for the start-up (capabilities/calls/warm_up.py).
+    with stack.another_web("daphne-fresh") as at:
+        answers: list[dict[str, Any]] = []
+
+        def ready() -> bool:
+            status, _, body = get(f"http://{at}/readyz")
+            answers.append(json.loads(body))
+            return status == 200
+
+        eventually(ready, timeout=60, interval=0.05)
+        # The first probe began the warm-up, and was told to wait for it.
+        assert answers[0]["status"] == "unready"
+        assert answers[0]["checks"]["warm"] == "warming"
+        assert answers[-1]["checks"]["warm"] == "ok"
+        with Agent(f"ws://{at}/abp/ws") as agent:
+            agent.initialize()
+            call = agent.call("convert.markdownToHtml", {"markdown": "# first"}, call_id="first")
+            assert agent.result_of(call)["payload"]["success"] is True
+            job = Job.objects.get(session_id=agent.session_id, call_id="first")
+    assert job.queue == local_lane.LOCAL_QUEUE
 
 
 def test_readyz_says_503_and_which_check_failed_when_redis_is_gone(stack: Stack) -> None:
@@ -120,8 +146,10 @@ def test_readyz_says_503_and_which_check_failed_when_redis_is_gone(stack: Stack)
     answer = json.loads(body)
     assert status == 503
     assert answer["status"] == "unready"
+    # Warm or not yet (its warm-up began with this first request): not what is tested.
+    warm = answer["checks"].pop("warm")
     assert answer["checks"] == {"database": "ok", "redis": "unreachable", "workers": "unknown"}
-    assert answer["failed"] == ["redis", "workers"]
+    assert answer["failed"] == ["redis", "workers"] + ([] if warm == "ok" else ["warm"])
     assert took < 3
     # Nothing about where Redis is.
     assert str(port) not in body.decode()
@@ -135,11 +163,18 @@ def test_readyz_says_503_when_no_worker_is_live_unless_workers_are_excluded(
     nobody = {"ABP_WORKER_KEY_PREFIX": "abp:nobody:"}
     with stack.another_web("daphne-no-worker-live", nobody) as at:
         status, _, body = get(f"http://{at}/readyz")
-        excluded, _, excluded_body = get(f"http://{at}/readyz?exclude=workers")
+        # Ready once warm (capabilities/calls/warm_up.py), without a live worker.
+
+        def ready_without_workers() -> tuple[int, dict[str, str], bytes] | None:
+            found = get(f"http://{at}/readyz?exclude=workers")
+            return found if found[0] == 200 else None
+
+        excluded, _, excluded_body = eventually(ready_without_workers, timeout=60)
     answer = json.loads(body)
     assert status == 503
+    warm = answer["checks"].pop("warm")
     assert answer["checks"] == {"database": "ok", "redis": "ok", "workers": "none live"}
-    assert answer["failed"] == ["workers"]
+    assert answer["failed"] == ["workers"] + ([] if warm == "ok" else ["warm"])
     assert answer["liveWorkers"] == 0
     assert excluded == 200
     assert json.loads(excluded_body)["checks"]["workers"] == "excluded"

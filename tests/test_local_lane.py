@@ -286,7 +286,12 @@ def test_the_lane_takes_only_its_capabilities_small_params_and_while_it_has_room
     assert not lane.takes("export.pdf", {"html": "x"})
     big = {"markdown": "x" * (settings.ABP["LOCAL_LANE_MAX_PARAMS_BYTES"] + 1)}
     assert not lane.takes("convert.markdownToHtml", big)
-    lane._runs["busy"] = object()  # type: ignore[assignment]
+    abp = settings.ABP
+    room = abp["LOCAL_LANE_PROCESSES"] * (1 + abp["LOCAL_LANE_BACKLOG"])
+    for n in range(room - 1):  # running, or waiting for a process
+        lane._runs[f"busy-{n}"] = object()  # type: ignore[assignment]
+    assert lane.takes("convert.markdownToHtml", SMALL)
+    lane._runs["the last one"] = object()  # type: ignore[assignment]
     assert not lane.takes("convert.markdownToHtml", SMALL)
     assert os.getpid() == int(lane.name.rsplit(":", 1)[1])
 

@@ -57,3 +57,8 @@ async def retry_after_ms(identity: str, per_minute: int) -> int | None:
         logger.warning("Rate limiter unavailable; letting the call through", exc_info=True)
         return None
     return max(1, math.ceil((stats.reset_time - time.time()) * 1000))
+
+
+async def warm() -> None:
+    """Open the limiter's connection and load its window script (counts no call)."""
+    await _limiter().get_window_stats(RateLimitItemPerMinute(1), "abp:warm-up")

@@ -25,11 +25,13 @@ once it is WORKER_LOST_AFTER_SECONDS old.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +102,25 @@ class LocalLane:
             self._heartbeat.start()
         logger.info("Local lane started: %s processes (%s)", processes, self.name)
 
+    def warm(self, timeout: float = 60.0) -> bool:
+        """Wait until every process has loaded its runners (blocking); False if not in time.
+
+        A process answers a task only once its initializer (`local_run.prepare`) ran:
+        tasks go round until each pid has answered one.
+        """
+        pool = self._pool
+        if pool is None:
+            return True
+        processes = int(settings.ABP["LOCAL_LANE_PROCESSES"])
+        deadline = time.monotonic() + timeout
+        answered: set[int] = set()
+        while len(answered) < processes and time.monotonic() < deadline:
+            waits = [pool.apply_async(local_run.ready) for _ in range(processes)]
+            for wait in waits:
+                with contextlib.suppress(Exception):
+                    answered.add(wait.get(max(deadline - time.monotonic(), 0.001)))
+        return len(answered) >= processes
+
     def beat(self) -> None:
         """Write the heartbeat of the jobs not settled yet (one statement)."""
         job_ids = list(self.unsettled)
@@ -107,12 +128,13 @@ class LocalLane:
             lifecycle.heartbeat_all(job_ids)
 
     def takes(self, capability: str, params: dict[str, Any]) -> bool:
-        """Whether this call may run here: its capability, its size, a free process."""
+        """Whether this call may run here: its capability, its size, room in the pool."""
         abp = settings.ABP
+        processes = int(abp["LOCAL_LANE_PROCESSES"])
         return (
             self._pool is not None
             and capability in abp["LOCAL_LANE_CAPABILITIES"]
-            and len(self._runs) < int(abp["LOCAL_LANE_PROCESSES"])
+            and len(self._runs) < processes * (1 + int(abp["LOCAL_LANE_BACKLOG"]))
             and params_size.json_fits(params, int(abp["LOCAL_LANE_MAX_PARAMS_BYTES"]))
         )
 

@@ -2,10 +2,12 @@
 
 `/healthz` says the process answers HTTP: it touches neither the database nor Redis,
 so a database outage never gets healthy web processes restarted. `/readyz` says this
-process can serve calls now: the database answers, each Redis it needs answers, and at
-least one worker is live. It answers 200 or 503 with a small JSON body naming each
-check's result (never an address, a URL or an error message: only the error's kind),
-within READY_TIMEOUT_SECONDS, uncached and without authentication.
+process can serve calls now: the database answers, each Redis it needs answers, at
+least one worker is live, and the process is warm (its local lane's processes loaded,
+its connections open: capabilities/calls/warm_up.py). It answers 200 or 503 with a
+small JSON body naming each check's result (never an address, a URL or an error
+message: only the error's kind), within READY_TIMEOUT_SECONDS, uncached and without
+authentication.
 `?exclude=workers` (repeatable, or comma-separated) leaves checks out: a load balancer
 may want web processes kept in rotation while no worker is live, since they still
 answer agents (new calls refused with CAPABILITY_UNAVAILABLE, sessions resumed).
@@ -21,11 +23,12 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
+from capabilities.calls import warm_up
 from capabilities.web import cluster_state
 
 # The longest /readyz waits for any check; every check runs at the same time.
 READY_TIMEOUT_SECONDS = 2.0
-CHECKS = ("database", "redis", "workers")
+CHECKS = ("database", "redis", "workers", "warm")
 
 _database = cluster_state.Probe("abp-ready-db", threads=2)
 _redis = cluster_state.Probe("abp-ready-redis", threads=2)
@@ -44,6 +47,8 @@ async def readyz(request: HttpRequest) -> JsonResponse:
         name.strip() for value in request.GET.getlist("exclude") for name in value.split(",")
     }
     checks = {name: "excluded" if name in excluded else "" for name in CHECKS}
+    if checks["warm"] != "excluded":
+        checks["warm"] = "ok" if warm_up.is_warm() else "warming"
     body: dict[str, object] = {}
     await asyncio.gather(_database_check(checks), _redis_checks(checks, body))
     failed = [name for name, result in checks.items() if result not in {"ok", "excluded"}]

@@ -9,6 +9,7 @@ pickled to Daphne: the runner's `data`, or a coded error.
 
 from __future__ import annotations
 
+import os
 import resource
 from typing import Any
 
@@ -75,3 +76,8 @@ class NoJob(ContextBase):
 def run(capability: str, params: dict[str, Any]) -> runs.Ran:
     """The runner's data, or the coded error it came to (plain data, pickled to Daphne)."""
     return runs.run(capability, params, NoJob())
+
+
+def ready() -> int:
+    """Nothing but this process's pid: the answer proves its runners are loaded."""
+    return os.getpid()

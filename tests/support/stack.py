@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -239,6 +241,16 @@ class Stack:
                 lambda: workers.live_workers(client) and not workers.registry_lost(),
                 timeout=30,
             )
+        # And Daphne warm, as an orchestrator waits for it (capabilities/calls/warm_up.py).
+        eventually(self.ready, timeout=60, interval=0.05)
+
+    def ready(self) -> bool:
+        """Whether the stack's Daphne says it is ready (/readyz, every check)."""
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/readyz", timeout=5) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
 
     def start_web(self) -> None:
         """Start a fresh Daphne on the stack's port (after the last one was killed)."""
