@@ -12,6 +12,8 @@ Daphne is one core: the GIL; a Redis is one core), and says which part saturates
 first. Then it checks itself: it predicts this machine's calls/s with a second
 Daphne, measures it, and prints the error (goal: within 25%).
 
+PostgreSQL is TEST_DATABASE_URL's server (as `make test-postgres`); without one, SQLite.
+
 Run: .venv/bin/python bench/capacity.py [--rounds 3] [--sqlite] [--env KEY=VALUE]
 """
 
@@ -28,10 +30,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-if "--sqlite" not in sys.argv:
-    os.environ.setdefault("ABP_TEST_DATABASE", "postgres")
 
-from tests.support import environment
+def _postgres_reachable() -> bool:
+    import psycopg
+
+    from tests.support.postgres import server_url
+
+    try:
+        psycopg.connect(server_url(), connect_timeout=3).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+if "--sqlite" not in sys.argv:
+    if _postgres_reachable():
+        os.environ.setdefault("ABP_TEST_DATABASE", "postgres")
+    else:
+        print("No PostgreSQL server at TEST_DATABASE_URL: measuring on SQLite (--sqlite).")
+        sys.argv.append("--sqlite")
+
+from tests.support import environment  # noqa: E402
 
 _OVERRIDES = dict(
     sys.argv[i + 1].split("=", 1) for i, arg in enumerate(sys.argv[:-1]) if arg == "--env"

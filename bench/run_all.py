@@ -14,6 +14,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "side_by_side.py",
+    "throughput.py",
+    "cold_start.py",
+    "mcp_call.py",
+    "capacity.py",
     "channel_layers.py",
     "cancel_latency.py",
     "capabilities_speed.py",
