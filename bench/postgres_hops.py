@@ -15,7 +15,8 @@ health check on every `database_sync_to_async` call), `after` the settings as sh
 (connections replaced after 60 s, no health check); `age` is the same as `after`,
 `no-checks` keeps connections forever, `pool` and `pool-checks` use Django's psycopg
 pool, and `async-commit` adds `synchronous_commit=off` (not shipped: a crash may lose
-the last commits).
+the last commits). `sqlite` is the default SQLite database instead: `--variants
+sqlite,after` gives PostgreSQL's figures against SQLite's.
 
 Run: .venv/bin/python bench/postgres_hops.py [--iterations 300] [--variants before,after]
 """
@@ -45,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS: dict[str, dict[str, Any]] = {
     "before": {"CONN_MAX_AGE": None, "CONN_HEALTH_CHECKS": True, "OPTIONS": {}},
     "after": {},
+    # Not PostgreSQL: the default SQLite database, as shipped, for the ratio of the two.
+    "sqlite": {},
     "no-checks": {"CONN_MAX_AGE": None, "CONN_HEALTH_CHECKS": False, "OPTIONS": {}},
     "age": {"CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": False, "OPTIONS": {}},
     "async-commit": {
@@ -173,14 +176,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants: {sorted(unknown)}; known: {sorted(VARIANTS)}")
     os.environ["ABP_TEST_DATABASE"] = "postgres"
-    databases = {name: environment.PostgresDatabase() for name in names}
+    databases = {name: environment.PostgresDatabase() for name in names if name != "sqlite"}
+    urls = {name: database.url for name, database in databases.items()}
+    if "sqlite" in names:
+        urls["sqlite"] = f"sqlite:///{tempfile.mkdtemp(prefix='abp-bench-hops-sqlite-')}/db.sqlite3"
     # This process only drives WebSockets; Django is set up for the stacks' environment.
-    unused = environment.configure("abp-bench-hops-", DATABASE_URL=databases[names[0]].url)
+    unused = environment.configure("abp-bench-hops-", DATABASE_URL=urls[names[0]])
     unused.remove_files()
     from bench import stats
     from tests.support.agent import Agent
 
-    variants = {name: variant_stack(name, databases[name].url) for name in names}
+    variants = {name: variant_stack(name, urls[name]) for name in names}
     times = {name: Times() for name in names}
     agents: dict[str, Agent] = {}
     try:
@@ -221,7 +227,7 @@ def main() -> None:
         ("cancel -> cancelled call-result", "cancelled_call_result"),
     )
     for title, attribute in rows:
-        print(f"\n== {title} (PostgreSQL, {args.iterations} each, alternating)")
+        print(f"\n== {title} ({args.iterations} each, alternating)")
         base = getattr(times[baseline], attribute)
         base_p50 = stats.summary(base)["p50"]
         for name in names:
