@@ -206,6 +206,10 @@ DATABASES: dict[str, Any] = {
         conn_health_checks=False,
     )
 }
+# Behind PgBouncer in transaction mode (docs/scaling.md): no server-side cursors, as
+# Django asks; its psycopg backend already prepares no statements on the server.
+if _env_bool("DATABASE_PGBOUNCER", False):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 20,
@@ -313,7 +317,9 @@ CHANNEL_LAYERS = {
         # here for the worker -> consumer notes (see bench/channel_layers.py); each call
         # retried once across a Redis restart (capabilities/channel_layer.py).
         "BACKEND": "capabilities.channel_layer.RetryingPubSubChannelLayer",
-        "CONFIG": {"hosts": [os.environ.get("CHANNEL_LAYER_REDIS_URL", REDIS_URL)]},
+        # Several URLs, comma-separated: the layer's shards (channels_redis hashes each
+        # channel and group to one of them; docs/scaling.md).
+        "CONFIG": {"hosts": _env_list("CHANNEL_LAYER_REDIS_URL", REDIS_URL)},
     }
 }
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -134,6 +135,23 @@ def test_a_fresh_daphne_is_ready_once_warm_and_its_first_call_runs_in_its_lane(
             assert agent.result_of(call)["payload"]["success"] is True
             job = Job.objects.get(session_id=agent.session_id, call_id="first")
     assert job.queue == local_lane.LOCAL_QUEUE
+
+
+def test_readyz_pings_every_channel_layer_shard_and_each_server_once() -> None:
+    layers = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"hosts": ["redis://a:6379/0", "redis://b:6379/0"]},
+        }
+    }
+    with override_settings(
+        REDIS_URL="redis://a:6379/0", CHANNEL_LAYERS=layers, CELERY_BROKER_URL="redis://c:6379/0"
+    ):
+        assert cluster_state.redis_servers() == {
+            "redis": "redis://a:6379/0",
+            "channelLayer2": "redis://b:6379/0",
+            "broker": "redis://c:6379/0",
+        }
 
 
 def test_readyz_says_503_and_which_check_failed_when_redis_is_gone(stack: Stack) -> None:

@@ -18,6 +18,7 @@ from channels.db import database_sync_to_async
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
 from capabilities.calls import availability, budgets, local_lane
+from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import uploads
 from capabilities.jobs.lifecycle import CallIdInUse
@@ -57,6 +58,8 @@ class CallRequest:
     """A cancel's way in while the job is being written (the WebSocket doors)."""
     deliver: local_lane.Deliver | None = None
     """Answers a local run at once if the door still holds the call (the WebSocket doors)."""
+    turn: StartTurn | None = None
+    """Its place among its session's starts (the WebSocket doors start several at once)."""
 
 
 def capability_names() -> list[str]:
@@ -71,6 +74,14 @@ def max_timeout_ms(principal: Principal, capability: str) -> int:
 
 async def start(principal: Principal, call: CallRequest) -> Job:
     """Check the call and create its job (queued once committed); CallRefused if not."""
+    try:
+        return await _start(principal, call)
+    finally:
+        if call.turn is not None:  # refused before its row was handed over
+            call.turn.pass_on()
+
+
+async def _start(principal: Principal, call: CallRequest) -> Job:
     spec = _spec(call.capability)
     error = budgets.call_refusal(principal, call.capability, call.params)
     if error is not None:
@@ -86,8 +97,11 @@ async def start(principal: Principal, call: CallRequest) -> Job:
     timeouts = spec.timeouts()
     default_ms = min(timeouts.default_ms, principal.max_timeout_ms(timeouts.max_ms))
     lane = local_lane.lane()
-    try:
-        job: Job = await database_sync_to_async(_create_job)(
+    if call.turn is not None:
+        await call.turn.come()
+    # Handed to the database thread as this task is scheduled, before the next start's.
+    writing = asyncio.ensure_future(
+        database_sync_to_async(_create_job)(
             principal,
             session_id=call.session_id,
             call_id=call.call_id,
@@ -100,6 +114,11 @@ async def start(principal: Principal, call: CallRequest) -> Job:
             ticket=call.ticket,
             run_by=lane.name if lane.takes(call.capability, call.params) else None,
         )
+    )
+    if call.turn is not None:
+        call.turn.pass_on()
+    try:
+        job: Job = await writing
     except budgets.OverBudget as over:
         raise CallRefused(over.error) from None
     except CallRefused:

@@ -35,10 +35,12 @@ from capabilities.calls import (
 from capabilities.calls.app_info import app_info
 from capabilities.calls.availability import AVAILABILITY_GROUP
 from capabilities.calls.background import Background
+from capabilities.calls.start_order import StartOrder, StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle, notes
 from capabilities.models import Door, Job, session_group
 from capabilities.protocol import (
+    CallRequest,
     CancelPendingRequest,
     CancelRequest,
     Message,
@@ -105,6 +107,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.serial = asyncio.Lock()
         self.background = Background()
         self.starts = CallStarts()
+        self.order = StartOrder()
         self.connections_checked_at = 0.0
         self.timers = Timers(self.background, self.on_timer)
         self.closed = False  # the socket, as far as this process knows
@@ -161,7 +164,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if message is None:
             return
         if not isinstance(message, _OVERTAKING):
-            await self.starts.settled()
+            # A call may start while calls before it still start: their turns keep
+            # them in order (calls/start_order.py). Any other frame waits for them.
+            if not isinstance(message, CallRequest):
+                await self.starts.settled()
             await self.close_stale_connections()
         await self.receive_message(message)
 
@@ -237,7 +243,8 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             case do.ResumeSession():
                 return await self.resume_session(action)
             case do.StartCall():
-                self.starts.begin(action.call_id, functools.partial(self.start_call, action))
+                start_call = functools.partial(self.start_call, action, turn=self.order.turn())
+                self.starts.begin(action.call_id, start_call)
             case do.CancelStart():
                 if self.starts.cancel(action.call_id, action.reason):
                     return self.session.start_cancelled(action)
@@ -255,10 +262,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 return await self.io.end_session(action)
         return []
 
-    async def start_call(self, action: do.StartCall, ticket: StartTicket) -> None:
-        """Write the call's job (off the lock), then report it to the session."""
+    async def start_call(self, action: do.StartCall, ticket: StartTicket, turn: StartTurn) -> None:
+        """Write the call's job (off the lock, in its turn), then report it to the session."""
         try:
-            found = await self.io.start_call(action, ticket, self.deliver_here)
+            found = await self.io.start_call(action, ticket, self.deliver_here, turn)
         except Exception:
             logger.exception("Could not start call %s", action.call_id)
             found = start.NOT_QUEUED

@@ -22,6 +22,7 @@ from capabilities.calls import (
     session_records,
     start,
 )
+from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import finished, lifecycle, results
 from capabilities.models import CancelSource, Door, Job
@@ -97,7 +98,11 @@ class SessionIO:
         return resumed
 
     async def start_call(
-        self, action: StartCall, ticket: StartTicket, deliver: local_lane.Deliver
+        self,
+        action: StartCall,
+        ticket: StartTicket,
+        deliver: local_lane.Deliver,
+        turn: StartTurn | None = None,
     ) -> CallRecord | WireError:
         """Start the call through the call service: its job, or why not.
 
@@ -114,6 +119,7 @@ class SessionIO:
             notify_started=action.notify_started,
             ticket=ticket,
             deliver=deliver,
+            turn=turn,
         )
         try:
             job = await start.start(self.principal, call)

@@ -62,16 +62,15 @@ def redis_servers() -> dict[str, str]:
     """The Redis servers a web process needs, by role, each URL once.
 
     `redis` (REDIS_URL: abort flags, rate limits, live workers), and, when they point
-    elsewhere, `channelLayer` and `broker`.
+    elsewhere, `channelLayer` (its shards: `channelLayer2`, ...) and `broker`.
     """
     servers = {"redis": settings.REDIS_URL}
     layers: dict[str, Any] = settings.CHANNEL_LAYERS
     layer: list[Any] = layers.get("default", {}).get("CONFIG", {}).get("hosts", [])
-    if layer:
-        host = layer[0]
+    for shard, host in enumerate(layer, start=1):
         address = host.get("address") if isinstance(host, dict) else host
         if isinstance(address, str):
-            servers["channelLayer"] = address
+            servers["channelLayer" if shard == 1 else f"channelLayer{shard}"] = address
     broker = str(getattr(settings, "CELERY_BROKER_URL", "") or "")
     if broker.startswith(("redis://", "rediss://", "unix://")):
         servers["broker"] = broker
