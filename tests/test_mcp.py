@@ -21,7 +21,7 @@ from django.urls import reverse
 from mcp.shared.exceptions import MCPError
 
 from capabilities.access import agent_keys
-from capabilities.calls import cancellation, key_revocation
+from capabilities.calls import cancellation, key_revocation, local_lane
 from capabilities.models import AgentKey, AgentSession, CancelSource, Door, Job, JobStatus
 from tests.support.admin_clients import client_for
 from tests.support.mcp_clients import RawSession, official_client, suite_key
@@ -103,6 +103,7 @@ def test_the_tools_are_the_capabilities_with_the_manifests_schemas(stack: Stack,
 @pytest.mark.parametrize("mode", MODES)
 def test_a_markdown_call_returns_its_data_as_structured_content(stack: Stack, mode: str) -> None:
     found: dict[str, Any] = {}
+    since = time.time()
 
     async def scenario() -> None:
         async with official_client(url_of(stack), mode=mode) as client:
@@ -114,6 +115,12 @@ def test_a_markdown_call_returns_its_data_as_structured_content(stack: Stack, mo
     assert result.is_error is False
     assert result.structured_content == {"html": "<h1>Hi</h1>"}
     assert json.loads(result.content[0].text) == {"html": "<h1>Hi</h1>"}
+    job = settled("convert.markdownToHtml", since)
+    assert job is not None
+    assert job.queue == local_lane.LOCAL_QUEUE
+    # Answered by the Daphne whose lane ran it, as the WebSocket doors are: one
+    # statement settled it and claimed its delivery (no note, no second claim).
+    assert job.delivered_at == job.settled_at
 
 
 @pytest.mark.parametrize("mode", MODES)

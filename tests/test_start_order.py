@@ -43,7 +43,6 @@ def test_a_start_that_gives_up_lets_the_next_one_go() -> None:
 
 
 def test_a_burst_of_calls_in_one_session_is_written_in_the_order_sent(agent: Agent) -> None:
-    agent.initialize()
     call_ids = [f"burst-{n}" for n in range(60)]
     calls = [
         agent.call("convert.markdownToHtml", {"markdown": f"# {n}"}, call_id=call_id)

@@ -3,7 +3,10 @@
 The watcher joins its session's channel-layer group on a channel of its own before
 the job exists, so no note can slip past: progress and the settle reach it as
 they reach an ABP consumer. Notes can be lost (a Redis hiccup); the outcome is in
-the database, so a quiet spell ends with a look there.
+the database, so a quiet spell ends with a look there. A call this Daphne's local lane
+runs is answered as the WebSocket doors answer theirs (`deliver_here`): one statement
+settles it and claims its delivery, and the response goes straight to the waiting
+call, with no trip through the channel layer and no second claim.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from capabilities.calls import session_records
+from capabilities.jobs import finished, lifecycle
 from capabilities.jobs.notes import Note
 from capabilities.models import Job, session_group
 
@@ -45,15 +49,40 @@ class CallWatch:
         self.session_id = session_id
         self._channel = channel
         self._layer: Any = get_channel_layer()
+        self._answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.watching = True
+
+    async def deliver_here(
+        self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]
+    ) -> bool:
+        """Settle the watched call's local run and answer it here (`local_lane.Deliver`)."""
+        if not self.watching or self._answered.done():
+            return False
+        won = await database_sync_to_async(finished.settle_and_tell)(
+            job, outcome, response, answered_here=True
+        )
+        if not won:  # whoever settled it first told the group: the note answers it
+            return True
+        if self.watching and not self._answered.done():
+            self._answered.set_result(response)
+        else:  # the call stopped waiting meanwhile: its result stays to be read
+            await database_sync_to_async(lifecycle.release_delivery)(job.id)
+        return True
 
     async def note(self, quiet_for: float) -> Note | None:
-        """The session's next note, or None after `quiet_for` seconds without one."""
+        """The session's next note; None after `quiet_for` seconds without one, or answered."""
+        receiving = asyncio.ensure_future(self._layer.receive(self._channel))
         try:
-            async with asyncio.timeout(quiet_for):
-                note: Note = await self._layer.receive(self._channel)
-        except TimeoutError:
-            return None
-        return note
+            done, _ = await asyncio.wait(
+                {receiving, self._answered}, timeout=quiet_for, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not receiving.done():
+                receiving.cancel()  # the layer's queue keeps a note it had not handed out
+        if receiving in done:
+            note: Note = receiving.result()
+            return note
+        return None
 
     async def outcome(
         self,
@@ -66,7 +95,11 @@ class CallWatch:
         """Wait for the job to settle; its ABPResponse, claimed for this caller."""
         job_id, call_id = str(job.id), job.call_id
         while True:
+            if self._answered.done():
+                return self._answered.result()
             note = await self.note(QUIET_SECONDS)
+            if note is None and self._answered.done():
+                continue
             response: dict[str, Any] | None = None
             if note is not None:
                 kind = note.get("type")
@@ -99,9 +132,11 @@ async def watching(session_id: str) -> AsyncIterator[CallWatch]:
     channel: str = await layer.new_channel("abp.call.")
     group = session_group(session_id)
     await layer.group_add(group, channel)
+    watch = CallWatch(session_id, channel)
     try:
-        yield CallWatch(session_id, channel)
+        yield watch
     finally:
+        watch.watching = False
         await layer.group_discard(group, channel)
 
 

@@ -12,6 +12,7 @@ A `notifications/cancelled` that overtakes its call cancels it too (early_cancel
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -91,7 +92,10 @@ async def _run(
     async with call_watch.watching(session_id) as watch:
         try:
             job = await answers.start_for_caller(
-                principal, request, cancel_reason=CANCEL_REASON, cancel_source=cancel_source
+                principal,
+                dataclasses.replace(request, deliver=watch.deliver_here),
+                cancel_reason=CANCEL_REASON,
+                cancel_source=cancel_source,
             )
         except start.CallRefused as refused:
             return tools.refusal_result(refused.error)
