@@ -216,12 +216,13 @@ def model(costs: dict[str, float]) -> list[str]:
 def predicted(costs: dict[str, float], daphnes: int) -> float:
     """This machine's calls/s: its cores shared by every part, or its Daphnes' cores.
 
-    A Daphne delivers UTILISATION of its core at most: its event loop and its ORM
-    thread take turns with the GIL, and wait for the database in between.
+    Every core at UTILISATION, as the sizing assumes: a Daphne's event loop and its
+    ORM thread take turns with the GIL and wait for the database in between, and the
+    parts sharing a machine wait for each other.
     """
     cores = float(psutil.cpu_count())
     everything = sum(v for k, v in costs.items() if not k.startswith(("redis c", "db ")))
-    return min(cores * 1000 / everything, daphnes * UTILISATION * 1000 / costs["daphne (own)"])
+    return UTILISATION * min(cores * 1000 / everything, daphnes * 1000 / costs["daphne (own)"])
 
 
 def main() -> None:
