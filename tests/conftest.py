@@ -26,9 +26,25 @@ ARTIFACTS = Path(
 )
 
 
-# What the PostgreSQL pass leaves to `make test`: the pages' JavaScript in Chromium,
-# which the engine under the stack does not change (docs/testing.md).
-SQLITE_PASS_ONLY = ("tests/browser/",)
+# What the PostgreSQL pass leaves to `make test` (docs/testing.md): the pages'
+# JavaScript in Chromium, and third-party clients and tools at the doors (SDKs in
+# other languages, the Inspector, fastmcp, our client and CLI, a host project, S3,
+# `check --deploy`). Below the door they drive the call service every other test
+# drives on PostgreSQL too; the database under it changes nothing they check.
+SQLITE_PASS_ONLY = (
+    "tests/browser/",
+    "tests/test_mcp_inspector.py",
+    "tests/test_mcp_typescript.py",
+    "tests/test_mcp_fastmcp.py",
+    "tests/test_acp_typescript.py",
+    "tests/test_acp_python.py",
+    "tests/test_python_client.py",
+    "tests/test_cli.py",
+    "tests/test_host_project.py",
+    "tests/test_storage_s3.py",
+    "tests/test_production_settings.py",
+    "tests/test_jsonrpc_fuzz.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

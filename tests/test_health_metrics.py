@@ -91,6 +91,7 @@ def test_healthz_answers_without_touching_anything(stack: Stack) -> None:
 @pytest.mark.parametrize("path", ["/healthz", "/readyz"])
 def test_probes_answer_any_host_over_plain_http(stack: Stack, path: str) -> None:
     """An orchestrator probes the container's own address, in no ALLOWED_HOSTS."""
+    eventually(stack.ready, timeout=60)
     request = urllib.request.Request(f"{stack.http_url}{path}", headers={"Host": "10.0.0.7:8000"})
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 200
@@ -102,6 +103,7 @@ def test_probes_answer_any_host_over_plain_http(stack: Stack, path: str) -> None
 
 
 def test_readyz_is_ready_with_the_database_redis_and_live_workers(stack: Stack) -> None:
+    eventually(stack.ready, timeout=60)  # warm (a fresh stack warms up for a few seconds)
     status, headers, body = get(f"{stack.http_url}/readyz")
     answer = json.loads(body)
     assert status == 200, answer

@@ -241,8 +241,8 @@ class Stack:
                 lambda: workers.live_workers(client) and not workers.registry_lost(),
                 timeout=30,
             )
-        # And Daphne warm, as an orchestrator waits for it (capabilities/calls/warm_up.py).
-        eventually(self.ready, timeout=60, interval=0.05)
+        # Daphne warms up meanwhile (capabilities/calls/warm_up.py); tests that need it
+        # warm wait for `ready()`.
 
     def ready(self) -> bool:
         """Whether the stack's Daphne says it is ready (/readyz, every check)."""
