@@ -50,19 +50,10 @@ if "--sqlite" not in sys.argv:
         print("No PostgreSQL server at TEST_DATABASE_URL: measuring on SQLite (--sqlite).")
         sys.argv.append("--sqlite")
 
+from bench import ws_load  # noqa: E402
 from tests.support import environment  # noqa: E402
 
-_OVERRIDES = dict(
-    sys.argv[i + 1].split("=", 1) for i, arg in enumerate(sys.argv[:-1]) if arg == "--env"
-)
-STACK = environment.prepare(
-    "abp-bench-capacity-",
-    **_OVERRIDES,
-    ABP_MAX_QUEUED_CALLS="100000",
-    ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL="100000",
-    ABP_MAX_CONCURRENT_CALLS="100000",
-    DJANGO_LOG_LEVEL="WARNING",
-)
+STACK = ws_load.prepare_stack("abp-bench-capacity-")
 
 import psutil  # type: ignore[import-untyped]  # noqa: E402
 import redis  # noqa: E402

@@ -31,21 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import environment
+from bench import ws_load
 
-# `--env KEY=VALUE` (repeatable) sets the stack's environment, read before Django loads.
-_OVERRIDES = dict(
-    sys.argv[i + 1].split("=", 1) for i, arg in enumerate(sys.argv[:-1]) if arg == "--env"
-)
-# A key above the bench's pace: every call is accepted and may run at once.
-STACK = environment.prepare(
-    "abp-bench-throughput-",
-    **_OVERRIDES,
-    ABP_MAX_QUEUED_CALLS="100000",
-    ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL="100000",
-    ABP_MAX_CONCURRENT_CALLS="100000",
-    DJANGO_LOG_LEVEL="WARNING",
-)
+STACK = ws_load.prepare_stack("abp-bench-throughput-")
 
 
 from bench.common import ProcessCpu, bare_worker  # noqa: E402

@@ -1,6 +1,6 @@
 """Many small calls in flight over WebSocket sessions, for the load benchmarks.
 
-Import it after `environment.prepare`: sessions use the suite's agent key.
+`prepare_stack` first (before anything imports Django); sessions use its agent key.
 """
 
 from __future__ import annotations
@@ -8,11 +8,34 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.support import environment
 from tests.support.agent import envelope
+from tests.support.stack import Stack
+
+
+def prepare_stack(prefix: str) -> Stack:
+    """The bench's stack: `--env KEY=VALUE` from the command line, a key above its pace.
+
+    Every call is accepted and may run at once: no budget of the key refuses or
+    queues one.
+    """
+    overrides = dict(
+        sys.argv[i + 1].split("=", 1) for i, arg in enumerate(sys.argv[:-1]) if arg == "--env"
+    )
+    return environment.prepare(
+        prefix,
+        **overrides,
+        ABP_MAX_QUEUED_CALLS="100000",
+        ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL="100000",
+        ABP_MAX_CONCURRENT_CALLS="100000",
+        DJANGO_LOG_LEVEL="WARNING",
+    )
+
 
 MARKDOWN = "# Notes\n\nA *short* document with a [link](https://example.com).\n\n- one\n- two\n"
 INITIALIZE = {

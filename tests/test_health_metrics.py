@@ -127,9 +127,10 @@ def test_a_fresh_daphne_is_ready_once_warm_and_its_first_call_runs_in_its_lane(
             return status == 200
 
         eventually(ready, timeout=60, interval=0.05)
-        # The first probe began the warm-up, and was told to wait for it.
-        assert answers[0]["status"] == "unready"
-        assert answers[0]["checks"]["warm"] == "warming"
+        # The first probe began the warm-up; until it was done, the only check that
+        # failed was the warm-up's (it may also have finished before the view looked).
+        for answer in answers[:-1]:
+            assert (answer["failed"], answer["checks"]["warm"]) == (["warm"], "warming")
         assert answers[-1]["checks"]["warm"] == "ok"
         with Agent(f"ws://{at}/abp/ws") as agent:
             agent.initialize()

@@ -76,7 +76,7 @@ async def _warm_up() -> None:
     global _warm  # noqa: PLW0603 - set once
     try:
         await asyncio.gather(
-            database_sync_to_async(connection.ensure_connection)(),
+            database_sync_to_async(_open_database)(),
             sync_to_async(_availability, thread_sensitive=False)(),
             rate_limits.warm(),
             redis_pool.client().ping(),
@@ -88,6 +88,11 @@ async def _warm_up() -> None:
     finally:
         _warm = True
     local_lane.start_soon()
+
+
+def _open_database() -> None:
+    # `connection` is per thread: looked up here, in the ORM's thread, not the loop's.
+    connection.ensure_connection()
 
 
 def _availability() -> None:

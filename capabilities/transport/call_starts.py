@@ -35,6 +35,10 @@ class CallStarts:
         self._starts[call_id] = (ticket, task)
         task.add_done_callback(lambda _: self._forget(call_id, task))
 
+    def starting(self, call_id: str | None) -> bool:
+        """Whether a call with this callId is being started (its start not reported yet)."""
+        return call_id is not None and call_id in self._starts
+
     def cancel(self, call_id: str, reason: str) -> bool:
         """Cancel the call before its job is written; False if too late (or not starting)."""
         entry = self._starts.get(call_id)

@@ -165,8 +165,13 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         if not isinstance(message, _OVERTAKING):
             # A call may start while calls before it still start: their turns keep
-            # them in order (calls/start_order.py). Any other frame waits for them.
-            if not isinstance(message, CallRequest):
+            # them in order (calls/start_order.py). Any other frame waits for them, and
+            # so does a call reusing the callId of one whose start (perhaps cancelled
+            # already, its row still being written) is not reported yet.
+            overtakes = isinstance(message, CallRequest) and not self.starts.starting(
+                message.options.call_id
+            )
+            if not overtakes:
                 await self.starts.settled()
             await self.close_stale_connections()
         await self.receive_message(message)
