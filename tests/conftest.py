@@ -27,12 +27,24 @@ ARTIFACTS = Path(
 
 
 # What the PostgreSQL pass leaves to `make test` (docs/testing.md): the pages'
-# JavaScript in Chromium, and third-party clients and tools at the doors (SDKs in
-# other languages, the Inspector, fastmcp, our client and CLI, a host project, S3,
-# `check --deploy`). Below the door they drive the call service every other test
-# drives on PostgreSQL too; the database under it changes nothing they check.
+# JavaScript in Chromium; third-party clients and tools at the doors (SDKs in other
+# languages, the Inspector, fastmcp, our client and CLI, a host project, S3,
+# `check --deploy`); and the doors' own framing, authentication, host and upload
+# checks, and what the capabilities do with their input. Below the door they drive
+# the call service every other test drives on PostgreSQL too; the database under it
+# changes nothing they check. What stays: races, settles, budgets, dispatch, resume,
+# sessions, the admin, retention, metrics, and the several-node and production stacks.
 SQLITE_PASS_ONLY = (
     "tests/browser/",
+    "tests/test_jsonrpc.py",
+    "tests/test_jsonrpc_relay.py",
+    "tests/test_ws_auth.py",
+    "tests/test_ws_host.py",
+    "tests/test_security.py",
+    "tests/test_uploads_asgi.py",
+    "tests/test_capabilities_stack.py",
+    "tests/test_pdf_resource_limits.py",
+    "tests/test_downloads.py",
     "tests/test_mcp_inspector.py",
     "tests/test_mcp_typescript.py",
     "tests/test_mcp_fastmcp.py",
