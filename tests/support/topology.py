@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -100,6 +101,16 @@ class Web:
 def worker_ready(process: Process) -> Callable[[], bool]:
     """Celery logs ` ready.` once it consumes."""
     return lambda: " ready." in process.log_text()
+
+
+def warm(port: int) -> bool:
+    """Whether the Daphne at `port` is ready but for live workers (/readyz)."""
+    url = f"http://127.0.0.1:{port}/readyz?exclude=workers"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 class Topology:
@@ -197,6 +208,10 @@ class Topology:
         self.beat.wait_ready(lambda: "beat: Starting" in self.beat.log_text())
         for web in self.webs:
             web.process.wait_ready(lambda port=web.port: port_open(port))  # type: ignore[misc]
+        # Warm, as a proxy's or an orchestrator's readiness check waits for it
+        # (capabilities/calls/warm_up.py).
+        for web in self.webs:
+            web.process.wait_ready(lambda port=web.port: warm(port))  # type: ignore[misc]
 
     def stop(self) -> None:
         """Stop everything (in parallel, Redis last) and drop the database."""
