@@ -26,7 +26,7 @@ from capabilities.access.principal import Principal
 from capabilities.calls import params_size, resumption, session_records
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle, queue
-from capabilities.jobs.slot_counts import slot_counts
+from capabilities.jobs.slot_counts import SlotTally
 from capabilities.models import AgentSession, CancelSource, Door, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
 
@@ -68,6 +68,7 @@ def create_job(
     principal: Principal,
     ticket: StartTicket | None = None,
     run_by: str | None = None,
+    tally: SlotTally | None = None,
     **job: Any,
 ) -> Job:
     """`jobs.create_job`, unless the principal already has its most calls queued.
@@ -75,10 +76,12 @@ def create_job(
     `ticket`: sealed just before the row is written; a cancel that came first has
     the row written settled as cancelled (and delivered: its agent has the answer).
     `run_by`: the local lane that would run it at once, if the principal's share
-    has room (calls/local_lane.py).
+    has room (calls/local_lane.py). `tally`: the counts of the batch this job is
+    written in (calls/job_writes.py); without one, they are read for this job alone.
     """
+    tally = tally or SlotTally()
     # One read serves the budget here and the hand-over decision in create_job.
-    counts = slot_counts(queue.queue_for(job["capability"]), principal.rate_limit_id)
+    counts = tally.counts(queue.queue_for(job["capability"]), principal.rate_limit_id)
     _refuse_at(
         counts.held,
         principal.max_calls_in_flight,
@@ -88,7 +91,7 @@ def create_job(
         retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
     )
     cancel_reason = ticket.seal() if ticket is not None else None
-    return lifecycle.create_job(
+    created = lifecycle.create_job(
         principal=principal.rate_limit_id,
         max_running=principal.max_concurrent_calls,
         counts=counts,
@@ -100,6 +103,8 @@ def create_job(
         ),
         **job,
     )
+    tally.add(created)
+    return created
 
 
 def open_session(

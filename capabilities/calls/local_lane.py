@@ -42,8 +42,8 @@ from billiard.pool import Pool
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from capabilities.calls import params_size
-from capabilities.jobs import abort_listener, finished, lifecycle, results
+from capabilities.calls import job_writes, params_size
+from capabilities.jobs import abort_listener, lifecycle, results
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
@@ -243,7 +243,9 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
         response = results.outcome_response(job, outcome)
         if deliver is not None and await deliver(job, outcome, response):
             return
-        await database_sync_to_async(finished.settle_and_tell)(job, outcome, response)
+        await job_writes.settle(
+            job_writes.LocalSettle(job=job, outcome=outcome, response=response, answered_here=False)
+        )
     except Exception:
         # The row stays running; the reaper fails it WORKER_LOST, and its agent hears.
         logger.exception("Local run of job %s failed", job.id)

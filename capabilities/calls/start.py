@@ -2,8 +2,8 @@
 
 What the principal may call and how much it may send, its calls per minute, the
 capability's schema and the uploads it names, then (in the same thread hop that
-stores the row) whether a live worker can run it and how many calls the principal
-has queued. Nothing is stored or queued before every check has passed.
+stores the row, calls/job_writes.py) whether a live worker can run it and how many
+calls the principal has queued. Nothing is stored or queued before every check has passed.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from channels.db import database_sync_to_async
-
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
-from capabilities.calls import availability, budgets, local_lane
+from capabilities.calls import budgets, job_writes, local_lane
 from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import uploads
@@ -99,30 +97,32 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
     lane = local_lane.lane()
     if call.turn is not None:
         await call.turn.come()
-    # Handed to the database thread as this task is scheduled, before the next start's.
-    writing = asyncio.ensure_future(
-        database_sync_to_async(_create_job)(
-            principal,
-            session_id=call.session_id,
-            call_id=call.call_id,
-            request_id=call.request_id,
-            capability=call.capability,
-            params=call.params,
-            timeout_ms=call.timeout_ms or default_ms,
-            progress_token=call.progress_token,
-            notify_started=call.notify_started,
-            ticket=call.ticket,
-            run_by=lane.name if lane.takes(call.capability, call.params) else None,
+    # Queued for the database thread now, before the next start's (calls/job_writes.py).
+    writing = job_writes.create(
+        job_writes.NewJob(
+            principal=principal,
+            job={
+                "session_id": call.session_id,
+                "call_id": call.call_id,
+                "request_id": call.request_id,
+                "capability": call.capability,
+                "params": call.params,
+                "timeout_ms": call.timeout_ms or default_ms,
+                "progress_token": call.progress_token,
+                "notify_started": call.notify_started,
+                "ticket": call.ticket,
+                "run_by": lane.name if lane.takes(call.capability, call.params) else None,
+            },
         )
     )
     if call.turn is not None:
         call.turn.pass_on()
     try:
         job: Job = await writing
+    except job_writes.Unavailable as unavailable:
+        raise CallRefused(unavailable.error) from None
     except budgets.OverBudget as over:
         raise CallRefused(over.error) from None
-    except CallRefused:
-        raise
     except CallIdInUse:
         raise CallRefused(
             WireError(
@@ -151,13 +151,6 @@ async def over_rate_limit(principal: Principal) -> WireError | None:
         retry_after_ms=wait_ms,
         details={"limit": "callsPerMinute", "max": per_minute},
     )
-
-
-def _create_job(principal: Principal, **job: Any) -> Job:
-    error = availability.unavailable(job["capability"])
-    if error is not None:
-        raise CallRefused(error)
-    return budgets.create_job(principal, **job)
 
 
 def _spec(capability: str) -> registry.CapabilitySpec:

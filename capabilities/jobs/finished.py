@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
+
 from capabilities.jobs import lifecycle, notes
 from capabilities.models import Job
 
@@ -30,7 +32,9 @@ def settle_and_tell(
     """
     if lifecycle.settle(job.id, outcome, work_stopped=True, delivered=answered_here):
         if not answered_here:
-            notes.notify(str(job.session_id), notes.job_settled(job.call_id, response))
+            # At once, unless in a batch's transaction: then once the settle is visible.
+            note = notes.job_settled(job.call_id, response)
+            transaction.on_commit(lambda: notes.notify(str(job.session_id), note))
         return True
     lifecycle.record_stopped(job.id)
     return False

@@ -55,3 +55,34 @@ def slot_counts(queue: str, principal: str) -> SlotCounts:
         cursor.execute(_statement(connection.vendor), params)
         held, busy, mine, waiting = cursor.fetchone()
     return SlotCounts(held=int(held), busy=int(busy), mine=int(mine), waiting=int(waiting))
+
+
+class SlotTally:
+    """Slot counts for a batch of new jobs: read once per queue and principal, then kept.
+
+    Each new row is added as it is written, so every job of the batch sees the counts
+    a statement of its own would have read (calls/job_writes.py).
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str], SlotCounts] = {}
+
+    def counts(self, queue: str, principal: str) -> SlotCounts:
+        """What the queue and the principal hold, with the batch's rows so far."""
+        key = (queue, principal)
+        if key not in self._counts:
+            self._counts[key] = slot_counts(queue, principal)
+        return self._counts[key]
+
+    def add(self, job: Job) -> None:
+        """Count a row just written."""
+        if job.status not in ACTIVE_STATUSES:
+            return
+        handed = job.dispatched_at is not None
+        for (queue, principal), was in self._counts.items():
+            self._counts[(queue, principal)] = SlotCounts(
+                held=was.held + (job.principal == principal),
+                busy=was.busy + (handed and job.queue == queue),
+                mine=was.mine + (handed and job.principal == principal),
+                waiting=was.waiting + (not handed and job.queue == queue),
+            )

@@ -20,8 +20,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from capabilities.calls import session_records
-from capabilities.jobs import finished, lifecycle
+from capabilities.calls import job_writes, session_records
+from capabilities.jobs import lifecycle
 from capabilities.jobs.notes import Note
 from capabilities.models import Job, session_group
 
@@ -58,8 +58,8 @@ class CallWatch:
         """Settle the watched call's local run and answer it here (`local_lane.Deliver`)."""
         if not self.watching or self._answered.done():
             return False
-        won = await database_sync_to_async(finished.settle_and_tell)(
-            job, outcome, response, answered_here=True
+        won = await job_writes.settle(
+            job_writes.LocalSettle(job=job, outcome=outcome, response=response, answered_here=True)
         )
         if not won:  # whoever settled it first told the group: the note answers it
             return True

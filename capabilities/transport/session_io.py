@@ -17,6 +17,7 @@ from capabilities.calls import (
     answers,
     budgets,
     cancellation,
+    job_writes,
     local_lane,
     resumption,
     session_records,
@@ -24,7 +25,7 @@ from capabilities.calls import (
 )
 from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
-from capabilities.jobs import finished, lifecycle, results
+from capabilities.jobs import lifecycle, results
 from capabilities.models import CancelSource, Door, Job
 from capabilities.protocol import WireError
 from capabilities.session import machine
@@ -131,8 +132,8 @@ class SessionIO:
         self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]
     ) -> list[Action]:
         """Settle a local run and claim its delivery in one statement; its answer if won."""
-        won = await database_sync_to_async(finished.settle_and_tell)(
-            job, outcome, response, answered_here=True
+        won = await job_writes.settle(
+            job_writes.LocalSettle(job=job, outcome=outcome, response=response, answered_here=True)
         )
         if not won:  # whoever settled it first tells the session
             return []

@@ -1,0 +1,121 @@
+"""A call's two writes in Daphne, batched: its new row, and its local run's settle.
+
+Under load, the starts and settles that come in while the database thread is busy
+are written together in its next hop (jobs/hop_batches.py), in one transaction: one
+commit for the batch instead of one per row, and the slot counts (budgets, fair
+shares) read once per queue and principal instead of once per call
+(jobs/slot_counts.py). Each item keeps its own answer: a refused start is refused
+alone. A batch that fails in the database is rolled back and written again one item
+at a time, each autocommitted as a lone call is, so a duplicate callId fails its own
+call and no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.db import transaction
+
+from capabilities.access.principal import Principal
+from capabilities.calls import availability, budgets
+from capabilities.jobs import finished, lifecycle
+from capabilities.jobs.hop_batches import HopBatch, run_each
+from capabilities.jobs.slot_counts import SlotTally
+from capabilities.models import Job
+from capabilities.protocol import WireError
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class Unavailable(Exception):
+    """No live worker can run the capability now: `error` says so."""
+
+    def __init__(self, error: WireError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+# Refused before any statement was sent: the batch's transaction is still sound.
+_REFUSALS = (Unavailable, budgets.OverBudget)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """A checked call's row to write: `budgets.create_job`'s arguments."""
+
+    principal: Principal
+    job: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSettle:
+    """A local run's outcome to write: `finished.settle_and_tell`'s arguments."""
+
+    job: Job
+    outcome: lifecycle.Outcome
+    response: dict[str, Any]
+    answered_here: bool
+
+
+def create(new: NewJob) -> asyncio.Future[Job]:
+    """Queue the row (from the event loop, in order); the job once written."""
+    return _creations.submit(new)
+
+
+def settle(done: LocalSettle) -> asyncio.Future[bool]:
+    """Queue a local run's settle; False if something settled the job first."""
+    return _settles.submit(done)
+
+
+def _create_all(items: Sequence[NewJob]) -> list[Job | Exception]:
+    return _in_one_transaction(items, _creator(SlotTally()), _creator(None))
+
+
+def _creator(tally: SlotTally | None) -> Callable[[NewJob], Job]:
+    def create_one(new: NewJob) -> Job:
+        error = availability.unavailable(new.job["capability"])
+        if error is not None:
+            raise Unavailable(error)
+        # Looked up at each call: tests hold it (tests/test_consumer_inprocess.py).
+        return budgets.create_job(new.principal, tally=tally or SlotTally(), **new.job)
+
+    return create_one
+
+
+def _settle_all(items: Sequence[LocalSettle]) -> list[bool | Exception]:
+    def settle_one(done: LocalSettle) -> bool:
+        return finished.settle_and_tell(
+            done.job, done.outcome, done.response, answered_here=done.answered_here
+        )
+
+    return _in_one_transaction(items, settle_one, settle_one)
+
+
+def _in_one_transaction(
+    items: Sequence[Item],
+    batched: Callable[[Item], Result],
+    alone: Callable[[Item], Result],
+) -> list[Result | Exception]:
+    """Every item in one transaction; one at a time if the database refused one."""
+    if len(items) == 1:
+        return run_each(items, alone)
+    try:
+        with transaction.atomic():
+            outcomes = run_each(items, batched)
+            if any(isinstance(o, Exception) and not isinstance(o, _REFUSALS) for o in outcomes):
+                raise _WriteAgain
+    except _WriteAgain:
+        return run_each(items, alone)
+    return outcomes
+
+
+class _WriteAgain(Exception):
+    """An item's statement failed: the transaction is rolled back."""
+
+
+_creations: HopBatch[NewJob, Job] = HopBatch(_create_all)
+_settles: HopBatch[LocalSettle, bool] = HopBatch(_settle_all)

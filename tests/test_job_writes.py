@@ -1,0 +1,212 @@
+"""Batched hops (jobs/hop_batches.py) and the batched writes of calls (calls/job_writes.py).
+
+In-process, on the run's database: what a batch writes must be what the same calls
+written one at a time would have written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from capabilities.access import agent_keys
+from capabilities.access.principal import Principal
+from capabilities.calls import availability, budgets, job_writes
+from capabilities.jobs import lifecycle, notes
+from capabilities.jobs.hop_batches import HopBatch, run_each
+from capabilities.jobs.lifecycle import CallIdInUse
+from capabilities.models import AgentSession, Job, JobStatus
+
+pytestmark = pytest.mark.usefixtures("database")
+
+LANE = "local@test:1"
+
+
+@pytest.fixture(autouse=True)
+def no_redis(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Availability is read from Redis; none runs here, and every queue has a worker.
+    monkeypatch.setattr(availability, "unavailable", lambda capability: None)
+
+
+@pytest.fixture
+def session_id() -> Iterator[str]:
+    found = str(uuid.uuid4())
+    AgentSession.objects.create(id=found)
+    yield found
+
+
+def principal(**limits: int) -> Principal:
+    key, _ = agent_keys.create_key("job writes", **limits)
+    return Principal(kind="key", key=key, client_address="127.0.0.1")
+
+
+def new_job(who: Principal, session_id: str, call_id: str) -> job_writes.NewJob:
+    return job_writes.NewJob(
+        principal=who,
+        job={
+            "session_id": session_id,
+            "call_id": call_id,
+            "request_id": f"r-{call_id}",
+            "capability": "convert.markdownToHtml",
+            "params": {"markdown": "# x"},
+            "timeout_ms": 30_000,
+            "progress_token": None,
+            "run_by": LANE,
+        },
+    )
+
+
+def slot_reads(queries: CaptureQueriesContext) -> int:
+    return sum("COALESCE(SUM(" in query["sql"] for query in queries.captured_queries)
+
+
+# -- the hop batch -------------------------------------------------------------------------
+
+
+def test_what_comes_in_during_a_hop_goes_in_the_next_one_in_order() -> None:
+    hops: list[list[int]] = []
+    first_hop_in = threading.Event()
+    go_on = threading.Event()
+
+    def runner(items: Any) -> list[int | Exception]:
+        hops.append(list(items))
+        if len(hops) == 1:
+            first_hop_in.set()
+            assert go_on.wait(10)
+        return run_each(items, lambda n: n * 10 if n != 3 else _raise(n))
+
+    async def scenario() -> None:
+        batch: HopBatch[int, int] = HopBatch(runner)
+        first = batch.submit(0)
+        await asyncio.to_thread(first_hop_in.wait, 10)
+        later = [batch.submit(n) for n in range(1, 6)]
+        go_on.set()
+        assert await first == 0
+        results = await asyncio.gather(*later, return_exceptions=True)
+        assert results[:2] == [10, 20]
+        assert isinstance(results[2], ValueError)  # its own exception, no one else's
+        assert results[3:] == [40, 50]
+
+    asyncio.run(scenario())
+    assert hops == [[0], [1, 2, 3, 4, 5]]
+
+
+def test_an_item_whose_waiter_gave_up_is_still_done() -> None:
+    done: list[int] = []
+    started = threading.Event()
+    go_on = threading.Event()
+
+    def runner(items: Any) -> list[int | Exception]:
+        started.set()
+        assert go_on.wait(10)
+        done.extend(items)
+        return list(items)
+
+    async def scenario() -> None:
+        batch: HopBatch[int, int] = HopBatch(runner)
+        waiting = batch.submit(7)
+        await asyncio.to_thread(started.wait, 10)
+        waiting.cancel()
+        go_on.set()
+        assert await batch.submit(8) == 8
+
+    asyncio.run(scenario())
+    assert done == [7, 8]
+
+
+def _raise(n: int) -> int:
+    raise ValueError(n)
+
+
+# -- new rows ------------------------------------------------------------------------------
+
+
+def test_a_batch_of_starts_reads_the_slot_counts_once_and_writes_every_row(
+    session_id: str,
+) -> None:
+    who = principal()
+    items = [new_job(who, session_id, f"c-{n}") for n in range(5)]
+    with CaptureQueriesContext(connection) as queries:
+        written = job_writes._create_all(items)
+    assert slot_reads(queries) == 1
+    assert [job.call_id for job in written if isinstance(job, Job)] == [f"c-{n}" for n in range(5)]
+    assert Job.objects.filter(session_id=session_id, status=JobStatus.RUNNING).count() == 5
+
+
+def test_the_budget_holds_across_a_batch_as_it_does_one_call_at_a_time(session_id: str) -> None:
+    who = principal(max_queued_calls=3)
+    limit = who.max_calls_in_flight
+    items = [new_job(who, session_id, f"c-{n}") for n in range(limit + 2)]
+    written = job_writes._create_all(items)
+    assert all(isinstance(job, Job) for job in written[:limit])
+    refused = written[limit:]
+    assert all(isinstance(error, budgets.OverBudget) for error in refused)
+    assert Job.objects.filter(session_id=session_id).count() == limit
+
+
+def test_the_local_lane_takes_the_principals_share_and_the_rest_queue(
+    session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No worker here: the rest wait for one (jobs/dispatch.py reads workers in Redis).
+    monkeypatch.setattr("capabilities.jobs.dispatch.may_go_now", lambda *args: False)
+    monkeypatch.setattr("capabilities.jobs.dispatch.created", lambda job: None)
+    who = principal(max_concurrent_calls=2)
+    written = job_writes._create_all([new_job(who, session_id, f"c-{n}") for n in range(4)])
+    jobs = [job for job in written if isinstance(job, Job)]
+    assert [(job.worker, job.status) for job in jobs] == [
+        (LANE, JobStatus.RUNNING),
+        (LANE, JobStatus.RUNNING),
+        ("", JobStatus.QUEUED),
+        ("", JobStatus.QUEUED),
+    ]
+
+
+def test_a_reused_call_id_fails_its_own_start_and_no_other(
+    session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[str] = []
+    monkeypatch.setattr("capabilities.jobs.dispatch.created", lambda job: sent.append(job.call_id))
+    who = principal()
+    items = [new_job(who, session_id, call_id) for call_id in ("a", "b", "a", "c")]
+    written = job_writes._create_all(items)
+    assert isinstance(written[2], CallIdInUse)
+    assert [job.call_id for job in written if isinstance(job, Job)] == ["a", "b", "c"]
+    assert sorted(Job.objects.filter(session_id=session_id).values_list("call_id", flat=True)) == [
+        "a",
+        "b",
+        "c",
+    ]
+
+
+# -- settles -------------------------------------------------------------------------------
+
+
+def test_a_batch_of_settles_tells_the_session_only_once_committed(
+    session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[tuple[str, bool]] = []
+
+    def notify(session: str, note: dict[str, Any]) -> None:
+        # Told inside the transaction, a connection could read the row before the settle.
+        told.append((note["call_id"], connection.in_atomic_block))
+
+    monkeypatch.setattr(notes, "notify", notify)
+    who = principal()
+    jobs = [job for job in job_writes._create_all([new_job(who, session_id, "x")])]
+    jobs += job_writes._create_all([new_job(who, session_id, "y")])
+    outcome = lifecycle.Outcome.succeeded({"html": "<h1>x</h1>"})
+    settles = [
+        job_writes.LocalSettle(job=job, outcome=outcome, response={}, answered_here=here)
+        for job, here in zip(jobs, (False, True), strict=True)
+        if isinstance(job, Job)
+    ]
+    assert job_writes._settle_all(settles) == [True, True]
+    assert told == [("x", False)]  # the other was answered by its own connection
+    assert job_writes._settle_all(settles[:1]) == [False]  # settled once
