@@ -62,10 +62,16 @@ class AbpCaller:
         return await self.reply(message_id)
 
 
-async def compare(calls: int) -> tuple[list[float], list[float]]:
-    """Markdown round trips: over /abp/ws and over /mcp, alternating."""
+async def compare(calls: int) -> tuple[list[float], list[float], float, float]:
+    """Markdown round trips over /abp/ws and over /mcp, alternating; each client's CPU per call.
+
+    The client's own CPU is the floor a door's round trip cannot go below: the MCP
+    SDK's client (httpx, SSE, pydantic) spends more per call than the whole WebSocket
+    round trip takes.
+    """
     abp: list[float] = []
     mcp: list[float] = []
+    abp_cpu = mcp_cpu = 0.0
     headers = {"Authorization": f"Bearer {os.environ['ABP_TEST_AGENT_KEY']}"}
     async with (
         connect(STACK.ws_url, additional_headers=headers) as ws,
@@ -79,15 +85,17 @@ async def compare(calls: int) -> tuple[list[float], list[float]]:
             await agent.call("convert.markdownToHtml", MARKDOWN)
             await client.call_tool("convert.markdownToHtml", MARKDOWN)
         for _ in range(calls):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             answer = await agent.call("convert.markdownToHtml", MARKDOWN)
             abp.append((time.perf_counter() - start) * 1000)
+            abp_cpu += time.process_time() - cpu
             assert answer["payload"]["success"] is True
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             result = await client.call_tool("convert.markdownToHtml", MARKDOWN)
             mcp.append((time.perf_counter() - start) * 1000)
+            mcp_cpu += time.process_time() - cpu
             assert result.is_error is False
-    return abp, mcp
+    return abp, mcp, abp_cpu * 1000 / calls, mcp_cpu * 1000 / calls
 
 
 async def cancels(rounds: int) -> list[float]:
@@ -147,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         STACK.start()
-        abp, mcp = anyio.run(compare, args.calls)
+        abp, mcp, abp_cpu, mcp_cpu = anyio.run(compare, args.calls)
         stops = anyio.run(cancels, args.cancels)
     finally:
         STACK.stop()
@@ -155,6 +163,7 @@ def main() -> None:
     print("\n== convert.markdownToHtml round trip, alternating on one event loop")
     print(stats.line("over /abp/ws (baseline)", abp))
     print(stats.line("over /mcp (official client, 2025 session)", mcp, stats.summary(abp)["p50"]))
+    print(f"client CPU per call, user + sys: /abp/ws {abp_cpu:.2f} ms, /mcp {mcp_cpu:.2f} ms")
     print("\n== MCP cancel (client abandons the call) -> work stopped (Job.stopped_at)")
     print(stats.line("test.sleep, checkpoints every 20 ms", stops))
 
