@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,10 +35,10 @@ def no_redis(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def session_id() -> Iterator[str]:
+def session_id() -> str:
     found = str(uuid.uuid4())
     AgentSession.objects.create(id=found)
-    yield found
+    return found
 
 
 def principal(**limits: int) -> Principal:
@@ -137,7 +136,9 @@ def test_a_batch_of_starts_reads_the_slot_counts_once_and_writes_every_row(
         written = job_writes._create_all(items)
     assert slot_reads(queries) == 1
     assert [job.call_id for job in written if isinstance(job, Job)] == [f"c-{n}" for n in range(5)]
-    assert Job.objects.filter(session_id=session_id, status=JobStatus.RUNNING).count() == 5
+    assert (
+        Job.objects.filter(session_id=uuid.UUID(session_id), status=JobStatus.RUNNING).count() == 5
+    )
 
 
 def test_the_budget_holds_across_a_batch_as_it_does_one_call_at_a_time(session_id: str) -> None:
@@ -148,7 +149,7 @@ def test_the_budget_holds_across_a_batch_as_it_does_one_call_at_a_time(session_i
     assert all(isinstance(job, Job) for job in written[:limit])
     refused = written[limit:]
     assert all(isinstance(error, budgets.OverBudget) for error in refused)
-    assert Job.objects.filter(session_id=session_id).count() == limit
+    assert Job.objects.filter(session_id=uuid.UUID(session_id)).count() == limit
 
 
 def test_the_local_lane_takes_the_principals_share_and_the_rest_queue(
@@ -178,7 +179,9 @@ def test_a_reused_call_id_fails_its_own_start_and_no_other(
     written = job_writes._create_all(items)
     assert isinstance(written[2], CallIdInUse)
     assert [job.call_id for job in written if isinstance(job, Job)] == ["a", "b", "c"]
-    assert sorted(Job.objects.filter(session_id=session_id).values_list("call_id", flat=True)) == [
+    assert sorted(
+        Job.objects.filter(session_id=uuid.UUID(session_id)).values_list("call_id", flat=True)
+    ) == [
         "a",
         "b",
         "c",

@@ -77,6 +77,9 @@ class LocalLane:
         self._pool: Pool | None = None
         self._start_lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
+        # Places taken, from a start's check to its run's end (or its start's failure):
+        # a burst of starts in one database hop must not all count the runs as none.
+        self._places = 0
         # Jobs written to run here and not settled yet (their run may be over): their
         # settle may wait behind Daphne's busy database thread, but not the heartbeat.
         self.unsettled: set[str] = set()
@@ -128,15 +131,25 @@ class LocalLane:
             lifecycle.heartbeat_all(job_ids)
 
     def takes(self, capability: str, params: dict[str, Any]) -> bool:
-        """Whether this call may run here: its capability, its size, room in the pool."""
+        """Whether this call may run here (its capability, its size, room); if so, its place.
+
+        A place taken is given back by `give_back`: when its run ends, or when its
+        start does not run it here after all.
+        """
         abp = settings.ABP
         processes = int(abp["LOCAL_LANE_PROCESSES"])
-        return (
+        taken = (
             self._pool is not None
             and capability in abp["LOCAL_LANE_CAPABILITIES"]
-            and len(self._runs) < processes * (1 + int(abp["LOCAL_LANE_BACKLOG"]))
+            and self._places < processes * (1 + int(abp["LOCAL_LANE_BACKLOG"]))
             and params_size.json_fits(params, int(abp["LOCAL_LANE_MAX_PARAMS_BYTES"]))
         )
+        self._places += taken
+        return taken
+
+    def give_back(self) -> None:
+        """A place taken by `takes` is free again."""
+        self._places = max(self._places - 1, 0)
 
     def runs(self, job: Job) -> bool:
         """Whether the job was written to run in this lane."""
@@ -225,7 +238,10 @@ _tasks: set[asyncio.Task[None]] = set()
 
 
 def spawn(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
-    """Run a job written to run here, and settle it, in a task of its own."""
+    """Run a job written to run here, and settle it, in a task of its own.
+
+    The run holds the place its start took (`LocalLane.takes`) until it ends.
+    """
     task = asyncio.create_task(_run_job(job, params, deliver))
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
@@ -251,6 +267,7 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
         logger.exception("Local run of job %s failed", job.id)
     finally:
         _lane.unsettled.discard(str(job.id))
+        _lane.give_back()
 
 
 def _outcome(job_id: str, ran: runs.Ran) -> lifecycle.Outcome:

@@ -97,6 +97,7 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
     lane = local_lane.lane()
     if call.turn is not None:
         await call.turn.come()
+    taken = lane.takes(call.capability, call.params)
     # Queued for the database thread now, before the next start's (calls/job_writes.py).
     writing = job_writes.create(
         job_writes.NewJob(
@@ -111,14 +112,29 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
                 "progress_token": call.progress_token,
                 "notify_started": call.notify_started,
                 "ticket": call.ticket,
-                "run_by": lane.name if lane.takes(call.capability, call.params) else None,
+                "run_by": lane.name if taken else None,
             },
         )
     )
     if call.turn is not None:
         call.turn.pass_on()
     try:
-        job: Job = await writing
+        job = await _written(writing, call.call_id)
+    except BaseException:
+        if taken:
+            lane.give_back()
+        raise
+    if lane.runs(job):
+        local_lane.spawn(job, call.params, call.deliver)  # gives its place back when done
+    elif taken:
+        lane.give_back()
+    return job
+
+
+async def _written(writing: asyncio.Future[Job], call_id: str) -> Job:
+    """The job once its row is written; CallRefused if it was not."""
+    try:
+        return await writing
     except job_writes.Unavailable as unavailable:
         raise CallRefused(unavailable.error) from None
     except budgets.OverBudget as over:
@@ -127,16 +143,13 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
         raise CallRefused(
             WireError(
                 code=ErrorCode.INVALID_PARAMS,
-                message=f"callId {call.call_id!r} was already used in this session.",
+                message=f"callId {call_id!r} was already used in this session.",
                 details={"path": "payload.options.callId"},
             )
         ) from None
     except Exception:
-        logger.exception("Could not create the job of call %s", call.call_id)
+        logger.exception("Could not create the job of call %s", call_id)
         raise CallRefused(NOT_QUEUED) from None
-    if lane.runs(job):
-        local_lane.spawn(job, call.params, call.deliver)
-    return job
 
 
 async def over_rate_limit(principal: Principal) -> WireError | None:
