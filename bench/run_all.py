@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "side_by_side.py",
     "throughput.py",
+    "batched_writes.py",
     "cold_start.py",
     "mcp_call.py",
     "capacity.py",

@@ -3,9 +3,9 @@
 A connection reads its next call while the calls before it are still starting (the
 rate limiter's answer, the schema, the database thread): a burst of calls keeps
 the database thread busy instead of waiting on each round trip in turn. Each start
-takes a turn when its frame is read, and hands its row to the database thread only
-after the start before it has handed over its own. The thread is one, first in
-first out, so the rows are written, and the calls started, in the order they came.
+takes a turn when its frame is read, and queues its row for the database thread
+only after the start before it has queued its own. Rows are written first in, first
+out (calls/job_writes.py), so the calls start in the order they came.
 """
 
 from __future__ import annotations
