@@ -7,8 +7,10 @@ written one at a time would have written.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import uuid
+from functools import partial
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from capabilities.jobs import lifecycle, notes
 from capabilities.jobs.hop_batches import HopBatch, run_each
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import AgentSession, Job, JobStatus
+from capabilities.protocol import ErrorCode, WireError
 
 pytestmark = pytest.mark.usefixtures("database")
 
@@ -213,3 +216,26 @@ def test_a_batch_of_settles_tells_the_session_only_once_committed(
     assert job_writes._settle_all(settles) == [True, True]
     assert told == [("x", False)]  # the other was answered by its own connection
     assert job_writes._settle_all(settles[:1]) == [False]  # settled once
+
+
+def test_a_doors_check_runs_alone_before_its_row_and_refuses_only_its_call(
+    session_id: str,
+) -> None:
+    who = principal()
+    seen: list[tuple[str, bool, bool]] = []
+
+    def check(call_id: str, refuse: bool = False) -> None:
+        # Outside the batch's transaction: a check may write (a session row reopened).
+        written = Job.objects.filter(session_id=uuid.UUID(session_id), call_id=call_id).exists()
+        seen.append((call_id, written, connection.in_atomic_block))
+        if refuse:
+            raise budgets.OverBudget(WireError(code=ErrorCode.RATE_LIMITED, message="full"))
+
+    items = [
+        dataclasses.replace(new_job(who, session_id, call_id), check=partial(check, call_id, bad))
+        for call_id, bad in (("a", False), ("b", True), ("c", False))
+    ]
+    written = job_writes._create_all(items)
+    assert seen == [("a", False, False), ("b", False, False), ("c", False, False)]
+    assert isinstance(written[1], budgets.OverBudget)
+    assert [job.call_id for job in written if isinstance(job, Job)] == ["a", "c"]

@@ -49,6 +49,8 @@ class NewJob:
 
     principal: Principal
     job: dict[str, Any] = field(default_factory=dict)
+    check: Callable[[], None] | None = None
+    """Run just before the row, autocommitted (`start.CallRequest.check`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +74,16 @@ def settle(done: LocalSettle) -> asyncio.Future[bool]:
 
 
 def _create_all(items: Sequence[NewJob]) -> list[Job | Exception]:
-    return _in_one_transaction(items, _creator(SlotTally()), _creator(None))
+    # The doors' checks first, each alone: one may write (a session row opened again).
+    checked = run_each(items, _check)
+    ready = [new for new, found in zip(items, checked, strict=True) if found is None]
+    written = iter(_in_one_transaction(ready, _creator(SlotTally()), _creator(None)))
+    return [next(written) if found is None else found for found in checked]
+
+
+def _check(new: NewJob) -> None:
+    if new.check is not None:
+        new.check()
 
 
 def _creator(tally: SlotTally | None) -> Callable[[NewJob], Job]:
@@ -101,6 +112,8 @@ def _in_one_transaction(
     alone: Callable[[Item], Result],
 ) -> list[Result | Exception]:
     """Every item in one transaction; one at a time if the database refused one."""
+    if not items:
+        return []
     if len(items) == 1:
         return run_each(items, alone)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,9 @@ class CallRequest:
     """Answers a local run at once if the door still holds the call (the WebSocket doors)."""
     turn: StartTurn | None = None
     """Its place among its session's starts (the WebSocket doors start several at once)."""
+    check: Callable[[], None] | None = None
+    """A door's own check, run in the row's database hop just before the row (MCP: its
+    session's row is open); raising OverBudget refuses the call."""
 
 
 def capability_names() -> list[str]:
@@ -102,6 +106,7 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
     writing = job_writes.create(
         job_writes.NewJob(
             principal=principal,
+            check=call.check,
             job={
                 "session_id": call.session_id,
                 "call_id": call.call_id,

@@ -18,6 +18,7 @@ if the request is cancelled meanwhile, and then closed: a cancel leaves none ope
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -93,6 +94,24 @@ async def session_for(
         return await _per_call_session(_Opener.of(ctx), principal), True
     await _stateful_session(session_id, connection, _Opener.of(ctx), principal)
     return session_id, False
+
+
+async def session_for_call(
+    ctx: ServerRequestContext[Any, Any], principal: Principal
+) -> tuple[str, bool, Callable[[], None] | None]:
+    """`session_for` for a tool call: a stateful session's row is checked in the call's own hop.
+
+    The third value, if any, is the check (`start.CallRequest.check`): the row is
+    open, or opened again, in the database hop that writes the call's row, so the call
+    makes one hop instead of two. The session is held from now on.
+    """
+    connection = sdk_seams.connection_of(ctx)
+    session_id = session_id_of(ctx)
+    if session_id is None or connection is None:
+        return await _per_call_session(_Opener.of(ctx), principal), True, None
+    _hold(session_id, connection)
+    check = functools.partial(_ensure_open, session_id, _Opener.of(ctx), principal)
+    return session_id, False, check
 
 
 def admit_at_initialize(

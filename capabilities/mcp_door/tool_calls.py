@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -62,11 +63,11 @@ async def _call(
     own_session: str | None = None
     try:
         try:
-            session_id, own = await sessions.session_for(ctx, principal)
+            session_id, own, check = await sessions.session_for_call(ctx, principal)
         except budgets.OverBudget as over:
             return tools.refusal_result(over.error)
         own_session = session_id if own else None
-        return await _run(ctx, params, principal, session_id)
+        return await _run(ctx, params, principal, session_id, check)
     finally:
         if own_session is not None:
             with anyio.CancelScope(shield=True):
@@ -78,6 +79,7 @@ async def _run(
     params: types.CallToolRequestParams,
     principal: Principal,
     session_id: str,
+    check: Callable[[], None] | None,
 ) -> types.CallToolResult:
     token = progress_token_of(ctx)
     request = call_request(ctx, params, session_id, call_id=str(uuid.uuid4()), progress=token)
@@ -93,7 +95,7 @@ async def _run(
         try:
             job = await answers.start_for_caller(
                 principal,
-                dataclasses.replace(request, deliver=watch.deliver_here),
+                dataclasses.replace(request, deliver=watch.deliver_here, check=check),
                 cancel_reason=CANCEL_REASON,
                 cancel_source=cancel_source,
             )
