@@ -26,11 +26,12 @@ from tests.support import environment
 STACK = environment.prepare("abp-bench-")
 
 import anyio  # noqa: E402
+import httpx2  # noqa: E402
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
 from bench import stats  # noqa: E402
 from capabilities.models import Job  # noqa: E402
-from tests.support.mcp_clients import official_client  # noqa: E402
+from tests.support.mcp_clients import RawSession, events_of, official_client  # noqa: E402
 
 MARKDOWN = {"markdown": "# Title\n\nSome *text*."}
 LONG = {"mode": "checkpoint", "steps": 3000, "stepMs": 20}
@@ -62,21 +63,26 @@ class AbpCaller:
         return await self.reply(message_id)
 
 
-async def compare(calls: int) -> tuple[list[float], list[float], float, float]:
-    """Markdown round trips over /abp/ws and over /mcp, alternating; each client's CPU per call.
+async def compare(calls: int) -> tuple[list[float], list[float], list[float], float, float]:
+    """Markdown round trips over /abp/ws, /mcp and /mcp raw, in turn; client CPU per call.
 
     The client's own CPU is the floor a door's round trip cannot go below: the MCP
     SDK's client (httpx, SSE, pydantic) spends more per call than the whole WebSocket
-    round trip takes.
+    round trip takes. The raw MCP client (a 2025 session over plain HTTP, the SSE
+    read by hand) is as lean as the WebSocket side's: the server's part of the gap.
     """
     abp: list[float] = []
     mcp: list[float] = []
+    raw: list[float] = []
     abp_cpu = mcp_cpu = 0.0
     headers = {"Authorization": f"Bearer {os.environ['ABP_TEST_AGENT_KEY']}"}
     async with (
         connect(STACK.ws_url, additional_headers=headers) as ws,
         official_client(f"{STACK.http_url}/mcp", mode="legacy") as client,
+        httpx2.AsyncClient(timeout=30) as http,
     ):
+        plain = RawSession(http, f"{STACK.http_url}/mcp", os.environ["ABP_TEST_AGENT_KEY"])
+        await plain.open()
         agent = AbpCaller(ws)
         await agent.reply(
             await agent.send("initialize", {"agent": {"name": "bench", "version": "1"}})
@@ -84,7 +90,8 @@ async def compare(calls: int) -> tuple[list[float], list[float], float, float]:
         for _ in range(10):  # warm up both
             await agent.call("convert.markdownToHtml", MARKDOWN)
             await client.call_tool("convert.markdownToHtml", MARKDOWN)
-        for _ in range(calls):
+            await _raw_call(plain, 0)
+        for number in range(calls):
             start, cpu = time.perf_counter(), time.process_time()
             answer = await agent.call("convert.markdownToHtml", MARKDOWN)
             abp.append((time.perf_counter() - start) * 1000)
@@ -95,7 +102,28 @@ async def compare(calls: int) -> tuple[list[float], list[float], float, float]:
             mcp.append((time.perf_counter() - start) * 1000)
             mcp_cpu += time.process_time() - cpu
             assert result.is_error is False
-    return abp, mcp, abp_cpu * 1000 / calls, mcp_cpu * 1000 / calls
+            start = time.perf_counter()
+            await _raw_call(plain, number + 1)
+            raw.append((time.perf_counter() - start) * 1000)
+    return abp, mcp, raw, abp_cpu * 1000 / calls, mcp_cpu * 1000 / calls
+
+
+async def _raw_call(session: RawSession, request_id: int) -> None:
+    body = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": "convert.markdownToHtml", "arguments": MARKDOWN},
+    }
+    async with session.http.stream(
+        "POST", session.url, headers=session.headers(), json=body
+    ) as response:
+        if response.headers.get("content-type", "").startswith("application/json"):
+            answers = [json.loads(await response.aread())]
+        else:
+            answers = [m async for m in events_of(response) if m.get("id") == request_id]
+    assert answers, "no answer"
+    assert answers[0]["result"]["isError"] is False
 
 
 async def cancels(rounds: int) -> list[float]:
@@ -155,7 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         STACK.start()
-        abp, mcp, abp_cpu, mcp_cpu = anyio.run(compare, args.calls)
+        abp, mcp, raw, abp_cpu, mcp_cpu = anyio.run(compare, args.calls)
         stops = anyio.run(cancels, args.cancels)
     finally:
         STACK.stop()
@@ -163,6 +191,7 @@ def main() -> None:
     print("\n== convert.markdownToHtml round trip, alternating on one event loop")
     print(stats.line("over /abp/ws (baseline)", abp))
     print(stats.line("over /mcp (official client, 2025 session)", mcp, stats.summary(abp)["p50"]))
+    print(stats.line("over /mcp (raw HTTP, 2025 session)", raw, stats.summary(abp)["p50"]))
     print(f"client CPU per call, user + sys: /abp/ws {abp_cpu:.2f} ms, /mcp {mcp_cpu:.2f} ms")
     print("\n== MCP cancel (client abandons the call) -> work stopped (Job.stopped_at)")
     print(stats.line("test.sleep, checkpoints every 20 ms", stops))

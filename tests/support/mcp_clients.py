@@ -93,14 +93,15 @@ class RawSession:
             "POST", self.url, headers=self.headers(), json=body
         ) as response:
             response.raise_for_status()
-            yield _events(response)
+            yield events_of(response)
 
     async def close(self) -> httpx2.Response:
         """DELETE the session."""
         return await self.http.delete(self.url, headers=self.headers())
 
 
-async def _events(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
+async def events_of(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON-RPC messages of an SSE response, one by one."""
     data: list[str] = []
     async for line in response.aiter_lines():
         if line.startswith("data:"):
@@ -168,7 +169,7 @@ class RawModern:
             if response.headers.get("content-type", "").startswith("application/json"):
                 answer: dict[str, Any] = json.loads(await response.aread())
                 return answer
-            async for message in _events(response):
+            async for message in events_of(response):
                 if message.get("id") == body["id"]:
                     return message
         raise AssertionError(f"no answer to {method} (HTTP {response.status_code})")
