@@ -79,7 +79,8 @@ def find_key(presented: str) -> AgentKey | None:
     if parts is None:
         return None
     prefix, secret = parts
-    key = AgentKey.objects.filter(prefix=prefix).first()
+    # The prefix is unique: no ORDER BY to build (`first()`'s), MCP checks every request.
+    key = next(iter(AgentKey.objects.filter(prefix=prefix)[:1]), None)
     if key is None or not hmac.compare_digest(key.secret_hash, _hash(secret)):
         return None
     return key

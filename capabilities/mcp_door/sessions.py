@@ -110,7 +110,9 @@ async def session_for_call(
     if session_id is None or connection is None:
         return await _per_call_session(_Opener.of(ctx), principal), True, None
     _hold(session_id, connection)
-    check = functools.partial(_ensure_open, session_id, _Opener.of(ctx), principal)
+    # What opened it is read only if its row must be written again (rarely).
+    opener = functools.partial(_Opener.of, ctx)
+    check = functools.partial(_ensure_open, session_id, opener, principal)
     return session_id, False, check
 
 
@@ -209,7 +211,7 @@ async def _stateful_session(
 ) -> None:
     """The session's row, open (written, or opened again); held while the MCP session lives."""
     writing = background.unstoppable(
-        database_sync_to_async(_ensure_open)(session_id, opener, principal)
+        database_sync_to_async(_ensure_open)(session_id, lambda: opener, principal)
     )
     try:
         await background.waited(writing)
@@ -234,11 +236,12 @@ def _holder(session_id: str) -> str:
     return f"mcp:{session_id}"
 
 
-def _ensure_open(session_id: str, opener: _Opener, principal: Principal) -> None:
-    row = AgentSession.objects.filter(pk=session_id).values("closed_at", "close_reason").first()
+def _ensure_open(session_id: str, opener: Callable[[], _Opener], principal: Principal) -> None:
+    rows = AgentSession.objects.filter(pk=session_id).values("closed_at", "close_reason")[:1]
+    row = next(iter(rows), None)
     if row is None:
         budgets.make_room_for_session(principal)
-        _record(session_id, opener, principal)
+        _record(session_id, opener(), principal)
     elif row["closed_at"] is not None and row["close_reason"] in REOPENED_REASONS:
         budgets.make_room_for_session(principal)
         AgentSession.objects.filter(pk=session_id, closed_at__isnull=False).update(
