@@ -26,7 +26,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from capabilities.access import agent_keys
-from capabilities.calls import availability, budgets
+from capabilities.calls import availability, budgets, start
 from capabilities.jobs import lifecycle, notes, workers
 from capabilities.models import AgentSession, Job, JobStatus, session_group
 from capabilities.protocol import replies
@@ -546,6 +546,99 @@ def test_a_call_is_read_while_the_one_before_starts_unless_it_reuses_its_id(key:
             held.release.set()
             reply = await agent.reply_to(again)
             assert reply["payload"]["error"]["code"] == "INVALID_PARAMS"
+            await agent.disconnect()
+
+    run(scenario)
+
+
+class ReportGate:
+    """`start.start` for call "c-1" held after its row is written, before it is reported."""
+
+    def __init__(self) -> None:
+        self.real = start.start
+        self.written = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, principal: Any, call: start.CallRequest) -> Job:
+        job = await self.real(principal, call)
+        if call.call_id == "c-1":
+            self.written.set()
+            await self.release.wait()
+        return job
+
+
+def test_a_cancel_never_overtakes_an_earlier_cancel_that_waits_for_its_calls_row(
+    key: str,
+) -> None:
+    # Otherwise the later cancel of a running call could free the agent's share, and
+    # the dispatcher start the other call, before that call's own earlier cancel.
+    gate = ReportGate()
+
+    async def scenario() -> None:
+        with Seams() as seams, mock.patch("capabilities.calls.start.start", gate):
+            agent = Agent(key)
+            await agent.connect()
+            await agent.initialize()
+            await send_call(agent, "c-0")
+            await _until(lambda: len(seams.enqueued) == 1)
+            await agent.nothing_more()  # and reported to its session
+            await send_call(agent, "c-1")
+            await asyncio.wait_for(gate.written.wait(), TIMEOUT)
+            first = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            second = await agent.send("capabilities/cancel", {"callId": "c-0"})
+            # c-1's cancel waits for its row to be reported; c-0's waits behind it.
+            await agent.nothing_more()
+            gate.release.set()
+            replies = [await agent.receive() for _ in range(4)]
+            order = [r["id"] for r in replies if r["type"] == "capabilities/cancel-result"]
+            assert order == [first, second]
+            await agent.disconnect()
+
+    run(scenario)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(int(TIMEOUT * 100)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not in time")
+
+
+class HeldFirstStart(HeldStart):
+    """`budgets.create_job` held for call "c-0" only, before its row."""
+
+    def __init__(self) -> None:
+        super().__init__(before_row=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Job:
+        if kwargs.get("call_id") != "c-0":
+            return self.real(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+def test_a_second_cancel_of_a_call_cancelled_before_its_row_finds_the_row(key: str) -> None:
+    held = HeldFirstStart()
+
+    async def scenario() -> None:
+        with Seams(), mock.patch("capabilities.calls.budgets.create_job", held):
+            agent = Agent(key)
+            await agent.connect()
+            await agent.initialize()
+            await send_call(agent, "c-0")
+            await held.wait_reached()
+            # c-1's row waits for the database thread, behind c-0's.
+            await send_call(agent, "c-1")
+            first = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            answered = {(await agent.receive())["type"] for _ in range(2)}
+            assert answered == {"capabilities/cancel-result", "capabilities/call-result"}
+            second = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            held.release.set()
+            again = (await agent.reply_to(second))["payload"]
+            # Not "not found": the session let the call go, and its row is read once
+            # written, cancelled already.
+            assert again == {"callId": "c-1", "cancelled": True}
+            assert first != second
             await agent.disconnect()
 
     run(scenario)

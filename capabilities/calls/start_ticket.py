@@ -31,6 +31,12 @@ class StartTicket:
                 self._cancel_reason = reason
             return True
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether a cancel won: the row is (or will be) written settled as cancelled."""
+        with self._lock:
+            return self._cancel_reason is not None
+
     def seal(self) -> str | None:
         """About to write the row: the cancel's reason if one came first, else None."""
         with self._lock:

@@ -27,6 +27,8 @@ class CallStarts:
     def __init__(self) -> None:
         self._starts: dict[str, tuple[StartTicket, asyncio.Task[None]]] = {}
         self._pending: set[asyncio.Task[None]] = set()
+        # Cancels waiting for their call's start: a later cancel waits for them.
+        self._deferred: set[asyncio.Task[None]] = set()
 
     def begin(self, call_id: str, start: Callable[[StartTicket], Work]) -> None:
         """Run `start(ticket)` for this call; it reports its outcome itself."""
@@ -45,9 +47,32 @@ class CallStarts:
         return entry is not None and entry[0].cancel(reason)
 
     def after(self, call_id: str, work: Work) -> None:
-        """Run `work` once the call's start has been reported."""
+        """Run `work` (a cancel) once the call's start has been reported."""
         entry = self._starts.get(call_id)
-        self._spawn(_after(entry[1] if entry is not None else None, work))
+        task = self._spawn(_after(entry[1] if entry is not None else None, work))
+        self._deferred.add(task)
+        task.add_done_callback(self._deferred.discard)
+
+    async def deferred(self) -> None:
+        """Return once no cancel waits for its call's start: cancels stay in the order sent.
+
+        A cancel overtakes starts, never an earlier cancel: otherwise a cancel of a
+        running call could free the agent's share (and the dispatcher start a waiting
+        call) before an earlier cancel of that waiting call, or answer for a call an
+        earlier cancel is about to cancel.
+        """
+        while self._deferred:
+            await asyncio.wait(set(self._deferred))
+
+    async def written_if_cancelled(self, call_id: str) -> None:
+        """Return once a call cancelled before its row has that row written (else at once).
+
+        Its session answered it already and let it go: another cancel of it looks
+        the call up in the database, which must then find it.
+        """
+        entry = self._starts.get(call_id)
+        if entry is not None and entry[0].cancelled:
+            await asyncio.wait({entry[1]})
 
     async def settled(self) -> None:
         """Return once no start (nor anything waiting on one) is pending."""

@@ -174,6 +174,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if not overtakes:
                 await self.starts.settled()
             await self.close_stale_connections()
+        else:
+            await self.starts.deferred()
+            if isinstance(message, CancelRequest):
+                await self.starts.written_if_cancelled(message.call_id)
         await self.receive_message(message)
 
     async def close_stale_connections(self) -> None:
