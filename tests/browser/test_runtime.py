@@ -220,7 +220,9 @@ def test_a_dropped_socket_settles_every_pending_call(page: Page, stack: Stack) -
     loud = {**AGENT, "features": {"notifications": True, "progress": True}}
     page.evaluate("params => abp.initialize(params)", loud)
     page.evaluate(
-        "() => { window.pending = abp.call('test.sleep', {steps: 500, stepMs: 20}, "
+        # Longer than the session's grace period and the reaper's pass after it: the
+        # call is still running when the session ends (10 s of work raced it).
+        "() => { window.pending = abp.call('test.sleep', {steps: 2000, stepMs: 20}, "
         "{callId: 'pending'}); }"
     )
     orm_eventually(Job.objects.filter(call_id="pending", status=JobStatus.RUNNING).exists)
