@@ -31,7 +31,7 @@ from capabilities.protocol import (
     decode,
     encode,
 )
-from capabilities.protocol.codec import _DECODERS, MAX_ID_LENGTH
+from capabilities.protocol.codec import _DECODERS, MAX_AWAITING, MAX_ID_LENGTH
 from capabilities.protocol.errors import RETRYABLE_CODES
 from capabilities.protocol.fields import FieldError, Fields
 from capabilities.protocol.text import unstorable
@@ -139,6 +139,36 @@ def test_initialize_payload_null_is_an_empty_payload() -> None:
             ErrorCode.INVALID_PARAMS,
             "payload.resume.token",
         ),
+        (
+            {"resume": {"sessionId": "s", "token": "t", "awaiting": "c-1"}},
+            ErrorCode.INVALID_TYPE,
+            "payload.resume.awaiting",
+        ),
+        (
+            {"resume": {"sessionId": "s", "token": "t", "awaiting": ["c-1", 2]}},
+            ErrorCode.INVALID_TYPE,
+            "payload.resume.awaiting[1]",
+        ),
+        (
+            {"resume": {"sessionId": "s", "token": "t", "awaiting": [""]}},
+            ErrorCode.INVALID_PARAMS,
+            "payload.resume.awaiting[0]",
+        ),
+        (
+            {"resume": {"sessionId": "s", "token": "t", "awaiting": ["x" * (MAX_ID_LENGTH + 1)]}},
+            ErrorCode.INVALID_PARAMS,
+            "payload.resume.awaiting[0]",
+        ),
+        (
+            {"resume": {"sessionId": "s", "token": "t", "awaiting": ["a\x00"]}},
+            ErrorCode.INVALID_PARAMS,
+            "payload.resume.awaiting[0]",
+        ),
+        (
+            {"resume": {"sessionId": "s", "token": "t", "awaiting": ["c"] * (MAX_AWAITING + 1)}},
+            ErrorCode.INVALID_PARAMS,
+            "payload.resume.awaiting",
+        ),
     ],
 )
 def test_initialize_rejections(payload: dict[str, Any], code: ErrorCode, path: str) -> None:
@@ -146,6 +176,21 @@ def test_initialize_rejections(payload: dict[str, Any], code: ErrorCode, path: s
     assert error.code == code
     assert error.error.details == {"path": path}
     assert (error.request_id, error.request_type) == ("i-9", "initialize")
+
+
+def test_a_resume_names_the_calls_the_agent_awaits_once_each_in_order() -> None:
+    resume = {"sessionId": "s-1", "token": "t-1", "awaiting": ["c-2", "c-1", "c-2"]}
+    message = decode(frame("initialize", {"resume": resume}))
+    assert isinstance(message, Initialize)
+    assert message.resume == ResumeRequest(session_id="s-1", token="t-1", awaiting=("c-2", "c-1"))
+
+
+def test_a_call_sent_again_after_a_resume_says_so() -> None:
+    message = decode(call_frame({"options": {"callId": "c-1", "resent": True}}))
+    assert isinstance(message, CallRequest)
+    assert message.options == CallOptions(call_id="c-1", resent=True)
+    refused = rejected(call_frame({"options": {"callId": "c-1", "resent": "yes"}}))
+    assert refused.error.details == {"path": "payload.options.resent"}
 
 
 # -- capabilities/call ---------------------------------------------------------------------

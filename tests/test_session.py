@@ -1186,6 +1186,68 @@ def test_a_resumed_session_times_its_running_calls_and_delivers_its_settled_ones
     assert_error(again, "ALREADY_INITIALIZED")
 
 
+def test_a_resume_lists_the_calls_it_holds_and_answers_awaited_ones_again() -> None:
+    session = connected(limits=Limits(resumable=True))
+    resume = ResumeRequest(session_id="s-9", token="tok", awaiting=("c1", "c3", "lost"))
+    [action] = session.receive(Initialize(id="r", resume=resume))
+    assert action == ResumeSession(session_id="s-9", token="tok", awaiting=("c1", "c3", "lost"))
+    running = record("c1", job_id="j1", request_id="q1")
+    # Answered on a socket that died unread: the agent still awaits it.
+    answered = record("c3", job_id="j3", request_id="q3", status="succeeded", delivered=True)
+    response = responses.succeeded("c3", {"ok": True}, 5)
+    actions = session.resumed(
+        action,
+        token="t2",
+        generation=1,
+        was_held=False,
+        calls=[running],
+        again=[(answered, response)],
+    )
+    reply = envelope(actions[0])
+    assert reply["payload"]["heldCalls"] == ["c1", "c3"]  # "lost" never reached the server
+    assert actions[1] == StartTimer(call_id="c1", seconds=30.0)
+    again = envelope(actions[2])
+    assert again["type"] == "capabilities/call-result"
+    assert again["id"] == "q3"
+    assert again["payload"]["callId"] == "c3"
+    assert isinstance(actions[2], Send)
+    assert actions[2].claims is None  # delivered already: nothing to claim or give back
+    assert session.in_flight("c3") is None
+
+
+def test_a_fresh_initialize_result_has_no_held_calls() -> None:
+    session = connected()
+    [action] = session.receive(Initialize(id="i"))
+    assert isinstance(action, OpenSession)
+    assert "heldCalls" not in sent(session.opened(action))["payload"]
+
+
+def test_a_resent_call_the_session_holds_is_neither_run_nor_refused() -> None:
+    session = open_session()
+    start(session, "c1")
+    assert session.receive(call("c1", resent=True)) == []
+    [starting] = session.receive(call("c2", message_id="req-2"))
+    assert session.receive(call("c2", message_id="req-2", resent=True)) == []
+    assert isinstance(starting, StartCall)
+    # Not resent: the same callId is a mistake, and refused as one.
+    assert_error(sent(session.receive(call("c1")))["payload"], "INVALID_PARAMS")
+
+
+def test_a_resent_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
+    session = open_session()
+    [action] = session.receive(call("c1", resent=True))
+    assert isinstance(action, StartCall)
+    assert action.resent is True
+    # The first copy, brought in by the old socket, wrote its row meanwhile.
+    assert session.resent_call_held(action) == [LookUp(call_id="c1", then=DeliverFound())]
+    found = session.found(LookUp(call_id="c1", then=DeliverFound()), record("c1"))
+    assert found == [
+        StartTimer(call_id="c1", seconds=30.0),
+        ClaimResult(call_id="c1", job_id="job-1", response=None),  # answered once it settles
+    ]
+    assert session.in_flight("c1") is not None
+
+
 def test_taking_over_a_held_session_tells_its_old_connection_first() -> None:
     session, action = resuming()
     actions = session.resumed(action, token="t", generation=2, was_held=True, calls=[])

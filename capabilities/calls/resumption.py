@@ -100,6 +100,8 @@ class Resumed:
     was_held: bool
     jobs: list[Job]
     """Its calls not yet delivered, oldest first: in flight, or settled while away."""
+    again: list[Job]
+    """Calls the agent still awaits whose results were sent on a socket that died unread."""
 
 
 def invalid() -> ResumeRefused:
@@ -108,8 +110,18 @@ def invalid() -> ResumeRefused:
     return ResumeRefused(ErrorCode.SESSION_INVALID, "This session cannot be resumed.")
 
 
-def resume(session_id: str, token: str, principal: Principal, replacement: str) -> Resumed:
-    """Take the session over for a new connection, rotating its token to `replacement`."""
+def resume(
+    session_id: str,
+    token: str,
+    principal: Principal,
+    replacement: str,
+    awaiting: tuple[str, ...] = (),
+) -> Resumed:
+    """Take the session over for a new connection, rotating its token to `replacement`.
+
+    `awaiting`: the callIds the agent still waits on. Those the session holds and has
+    answered already are `again`; those it does not hold never reached it.
+    """
     now = timezone.now()
     try:
         row = AgentSession.objects.filter(pk=session_id).first()
@@ -147,7 +159,19 @@ def resume(session_id: str, token: str, principal: Principal, replacement: str) 
         generation=row.generation + 1,
         was_held=row.detached_at is None,
         jobs=pending,
+        again=_answered_among(row, awaiting),
     )
+
+
+def _answered_among(session: AgentSession, call_ids: tuple[str, ...]) -> list[Job]:
+    """The session's answered calls among `call_ids`, oldest first."""
+    answered: list[Job] = []
+    for start in range(0, len(call_ids), BATCH_UPDATE):
+        chunk = call_ids[start : start + BATCH_UPDATE]
+        answered += Job.objects.filter(
+            session=session, call_id__in=chunk, delivered_at__isnull=False
+        )
+    return sorted(answered, key=lambda job: job.created_at)
 
 
 def detach(session_id: str, generation: int) -> None:

@@ -36,6 +36,10 @@ class CallRefused(Exception):
         self.error = error
 
 
+class CallIdTaken(CallRefused):
+    """The session already holds a call with this callId."""
+
+
 NOT_QUEUED = WireError(
     code=ErrorCode.INTERNAL_ERROR, message="The call could not be queued; try again."
 )
@@ -145,7 +149,7 @@ async def _written(writing: asyncio.Future[Job], call_id: str) -> Job:
     except budgets.OverBudget as over:
         raise CallRefused(over.error) from None
     except CallIdInUse:
-        raise CallRefused(
+        raise CallIdTaken(
             WireError(
                 code=ErrorCode.INVALID_PARAMS,
                 message=f"callId {call_id!r} was already used in this session.",

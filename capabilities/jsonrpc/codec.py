@@ -25,10 +25,14 @@ from capabilities.protocol import (
     Message,
     ProtocolError,
     RequestId,
-    ResumeRequest,
     Shutdown,
 )
-from capabilities.protocol.codec import call_id_of, progress_token_of, timeout_ms_of
+from capabilities.protocol.codec import (
+    call_id_of,
+    progress_token_of,
+    resume_request_of,
+    timeout_ms_of,
+)
 from capabilities.protocol.fields import FieldError, Fields
 from capabilities.protocol.text import unstorable
 
@@ -136,8 +140,7 @@ def _decode_initialize(request_id: RequestId, params: Fields) -> Message:
     meta = params.object("_meta")
     resume = None
     if meta.get("abp/resume") is not None:
-        fields = meta.object("abp/resume")
-        resume = ResumeRequest(session_id=fields.text("sessionId"), token=fields.text("token"))
+        resume = resume_request_of(meta.object("abp/resume"))
     version = params.get("protocolVersion")
     return Initialize(
         id=request_id,
@@ -159,6 +162,7 @@ def _decode_call(request_id: RequestId, params: Fields) -> Message:
             timeout_ms=timeout_ms_of(params, "timeout"),
             progress_token=progress_token_of(params.object("_meta"), "progressToken"),
             call_id=call_id_of(params, "callId"),
+            resent=params.object("_meta").boolean("abp/resent", False),
         ),
     )
 

@@ -67,8 +67,12 @@ def initialize_result(
     capabilities: list[dict[str, Any]],
     features: dict[str, bool],
     resume_token: str,
+    held_calls: list[str] | None = None,
 ) -> str:
     """ACP's InitializeResponse; the jobs' capabilities and the session under `_meta`."""
+    meta: dict[str, Any] = {"abp/sessionId": session_id, "abp/resumeToken": resume_token}
+    if held_calls is not None:
+        meta["abp/heldCalls"] = held_calls
     return _result(
         request_id,
         {
@@ -85,7 +89,7 @@ def initialize_result(
                 },
             },
             "authMethods": [],
-            "_meta": {"abp/sessionId": session_id, "abp/resumeToken": resume_token},
+            "_meta": meta,
         },
     )
 

@@ -33,6 +33,8 @@ from capabilities.protocol.messages import (
 from capabilities.protocol.text import unstorable
 
 MAX_ID_LENGTH = 200
+# A session's calls in flight are bounded by its principal's (2,000 by default).
+MAX_AWAITING = 10_000
 
 
 def now_ms() -> int:
@@ -152,13 +154,35 @@ def call_id_of(fields: Fields, key: str) -> str | None:
     return value
 
 
+def call_ids_of(fields: Fields, key: str) -> tuple[str, ...]:
+    """An optional array of callIds: at most MAX_AWAITING, each as `call_id_of` reads one."""
+    values = fields.texts(key)
+    where = fields.where(key)
+    if len(values) > MAX_AWAITING:
+        message = f"'{where}' must have at most {MAX_AWAITING} callIds."
+        raise FieldError(ErrorCode.INVALID_PARAMS, message, where)
+    for index, value in enumerate(values):
+        if not 0 < len(value) <= MAX_ID_LENGTH:
+            message = f"'{where}[{index}]' must be 1 to {MAX_ID_LENGTH} characters."
+            raise FieldError(ErrorCode.INVALID_PARAMS, message, f"{where}[{index}]")
+    return tuple(dict.fromkeys(values))
+
+
+def resume_request_of(fields: Fields) -> ResumeRequest:
+    """`resume: {sessionId, token, awaiting?}`, in either dialect."""
+    return ResumeRequest(
+        session_id=fields.text("sessionId"),
+        token=fields.text("token"),
+        awaiting=call_ids_of(fields, "awaiting"),
+    )
+
+
 def _decode_initialize(message_id: str, payload: Fields) -> Message:
     agent = payload.object("agent")
     features = payload.object("features")
     resume = None
     if payload.get("resume") is not None:
-        fields = payload.object("resume")
-        resume = ResumeRequest(session_id=fields.text("sessionId"), token=fields.text("token"))
+        resume = resume_request_of(payload.object("resume"))
     return Initialize(
         id=message_id,
         agent=AgentInfo(
@@ -217,6 +241,7 @@ def _decode_call(message_id: str, payload: Fields) -> Message:
             timeout_ms=timeout_ms_of(options, "timeout"),
             progress_token=progress_token_of(options, "progressToken"),
             call_id=call_id,
+            resent=options.boolean("resent", False),
         ),
     )
 

@@ -56,6 +56,23 @@ class Fields:
             raise _wrong_type(self.where(key), "an array")
         return [_object(item, f"{self.where(key)}[{index}]") for index, item in enumerate(value)]
 
+    def texts(self, key: str) -> list[str]:
+        """An array of strings every store can hold; absent reads as empty."""
+        value = self.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise _wrong_type(self.where(key), "an array")
+        for index, item in enumerate(value):
+            where = f"{self.where(key)}[{index}]"
+            if not isinstance(item, str):
+                raise _wrong_type(where, "a string")
+            problem = unstorable(item)
+            if problem is not None:
+                message = f"'{where}' must not contain {problem}."
+                raise FieldError(ErrorCode.INVALID_PARAMS, message, where)
+        return value
+
     def string(self, key: str) -> str:
         """A required string."""
         return self._required(key, self.optional_string(key), None)

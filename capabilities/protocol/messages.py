@@ -64,6 +64,8 @@ class ResumeRequest:
 
     session_id: str
     token: str
+    awaiting: tuple[str, ...] = ()
+    """The callIds the agent still waits on (our extension, docs/protocol.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +86,8 @@ class CallOptions:
     timeout_ms: int | None = None
     progress_token: str | int | None = None
     call_id: str | None = None
+    resent: bool = False
+    """Sent again after a resume (our extension): a callId the session holds is not run again."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,20 +37,24 @@ def initialize_result(
     capabilities: list[dict[str, Any]],
     features: dict[str, bool],
     resume_token: str,
+    held_calls: list[str] | None = None,
 ) -> str:
-    """`initialize-result`, with the token that resumes the session after a drop."""
-    return encode(
-        MessageType.INITIALIZE_RESULT,
-        {
-            "sessionId": session_id,
-            "protocolVersion": protocol_version,
-            "app": app,
-            "capabilities": capabilities,
-            "features": features,
-            "resumeToken": resume_token,
-        },
-        message_id=request_id,
-    )
+    """`initialize-result`, with the token that resumes the session after a drop.
+
+    A resume's also lists `heldCalls`: the callIds the server holds that the agent may
+    still wait on (our extension, docs/protocol.md#resuming-a-session).
+    """
+    payload = {
+        "sessionId": session_id,
+        "protocolVersion": protocol_version,
+        "app": app,
+        "capabilities": capabilities,
+        "features": features,
+        "resumeToken": resume_token,
+    }
+    if held_calls is not None:
+        payload["heldCalls"] = held_calls
+    return encode(MessageType.INITIALIZE_RESULT, payload, message_id=request_id)
 
 
 def call_result(request_id: RequestId, response: dict[str, Any], *, own: bool = True) -> str:

@@ -84,6 +84,8 @@ class ResumeSession:
 
     session_id: str
     token: str
+    awaiting: tuple[str, ...] = ()
+    """CallIds the agent still waits on: held ones already answered are answered again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +133,8 @@ class StartCall:
     timeout_ms: int | None
     progress_token: str | int | None
     notify_started: bool
+    resent: bool = False
+    """Sent again after a resume: if the session holds its callId, adopt that call."""
 
 
 @dataclass(frozen=True, kw_only=True)

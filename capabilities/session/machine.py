@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -303,7 +303,11 @@ class Session:
                 return [Send(text=self._wire.error_for("initialize", message.id, error))]
             self._initialize = message
             resume = message.resume
-            return [ResumeSession(session_id=resume.session_id, token=resume.token)]
+            return [
+                ResumeSession(
+                    session_id=resume.session_id, token=resume.token, awaiting=resume.awaiting
+                )
+            ]
         self._initialize = message
         return [
             OpenSession(session_id=self._new_id(), message=message, resume_token=self._new_token())
@@ -330,18 +334,27 @@ class Session:
         generation: int,
         was_held: bool,
         calls: list[CallRecord],
+        again: Sequence[tuple[CallRecord, dict[str, Any]]] = (),
     ) -> list[Action]:
-        """The session was taken over: its unanswered calls are this connection's."""
+        """The session was taken over: its unanswered calls are this connection's.
+
+        `again`: calls the agent still awaits whose results were sent on a socket that
+        died unread; they are sent once more (the agent drops a second copy).
+        """
         self.generation = generation
         actions: list[Action] = []
         if was_held:
             # Its old connection may linger (a half-open socket, another Daphne).
             actions.append(AnnounceTakeover(session_id=action.session_id, generation=generation))
-        actions.append(Send(text=self._open(action.session_id, token)))
+        held = [call.call_id for call in calls] + [call.call_id for call, _ in again]
+        actions.append(Send(text=self._open(action.session_id, token, held_calls=held)))
         for call in calls:
             actions += self._adopt(call)
             if not call.active:
                 actions += self._deliver(call.call_id, None)
+        for call, response in again:
+            request_id = self._wire.load_id(call.request_id)
+            actions.append(Send(text=self._wire.call_result(request_id, response, own=False)))
         return actions
 
     def resume_refused(self, error: WireError) -> list[Action]:
@@ -350,7 +363,7 @@ class Session:
         request_id, self._initialize = self._initialize.id, None
         return [Send(text=self._wire.error_for("initialize", request_id, error))]
 
-    def _open(self, session_id: str, token: str) -> str:
+    def _open(self, session_id: str, token: str, *, held_calls: list[str] | None = None) -> str:
         message = self._initialize
         assert message is not None
         self.state, self.session_id = ConnectionState.OPEN, session_id
@@ -367,6 +380,7 @@ class Session:
                 "elicitation": False,
             },
             resume_token=token,
+            held_calls=held_calls,
         )
 
     def _capabilities(self, available: dict[str, bool]) -> list[dict[str, Any]]:
@@ -387,6 +401,9 @@ class Session:
 
     def _call(self, message: CallRequest) -> list[Action]:
         call_id = message.options.call_id or self._new_id()
+        resent = message.options.resent and message.options.call_id is not None
+        if resent and (call_id in self._calls or call_id in self._starting):
+            return []  # its first copy arrived after all: that one is answered
         error = self._call_refusal(message, call_id)
         if error is not None:
             return [Send(text=self._wire.call_error(message.id, call_id, error))]
@@ -399,6 +416,7 @@ class Session:
             timeout_ms=message.options.timeout_ms,
             progress_token=message.options.progress_token,
             notify_started=self.notifications,
+            resent=resent,
         )
         self._starting[call_id] = start
         self._call_of_request[start.stored_request_id] = call_id
@@ -446,6 +464,14 @@ class Session:
             return []  # cancelled first, and answered then
         self._call_of_request.pop(action.stored_request_id, None)
         return [Send(text=self._wire.call_error(action.request_id, action.call_id, error))]
+
+    def resent_call_held(self, action: StartCall) -> list[Action]:
+        """A re-sent call's callId is the session's already (its first copy came in
+        on the old socket after all): adopt that call instead of running it twice."""
+        if self._starting.pop(action.call_id, None) is None:
+            return []
+        self._call_of_request.pop(action.stored_request_id, None)
+        return [LookUp(call_id=action.call_id, then=DeliverFound())]
 
     def start_cancelled(self, action: CancelStart) -> list[Action]:
         """The cancel came before the call's job was written: the job is written

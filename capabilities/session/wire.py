@@ -34,8 +34,9 @@ class Wire(Protocol):
         capabilities: list[dict[str, Any]],
         features: dict[str, bool],
         resume_token: str,
+        held_calls: list[str] | None = None,
     ) -> str:
-        """The session is open (or resumed)."""
+        """The session is open (or resumed; then with the callIds the server holds)."""
 
     def call_result(
         self, request_id: RequestId, response: dict[str, Any], *, own: bool = True

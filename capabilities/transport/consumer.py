@@ -55,7 +55,7 @@ from capabilities.session.wire import Wire
 from capabilities.transport import availability_watch
 from capabilities.transport.background import Timers
 from capabilities.transport.call_starts import CallStarts
-from capabilities.transport.session_io import SessionIO, record_of
+from capabilities.transport.session_io import SessionIO
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +279,9 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             logger.exception("Could not start call %s", action.call_id)
             found = start.NOT_QUEUED
         async with self.serial:
-            if isinstance(found, WireError):
+            if found is None:
+                await self.perform(self.session.resent_call_held(action))
+            elif isinstance(found, WireError):
                 await self.perform(self.session.call_refused(action, found))
             else:
                 await self.perform(self.session.call_started(found))
@@ -331,18 +333,12 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         await self.channel_layer.group_add(group, self.channel_name)
         replacement = resumption.new_token()
         try:
-            resumed = await self.io.resume(action, replacement)
+            actions = await self.io.resume(action, replacement)
         except resumption.ResumeRefused as refused:
             await self.channel_layer.group_discard(group, self.channel_name)
             return self.session.resume_refused(refused.error)
         await self.join(action.session_id)
-        return self.session.resumed(
-            action,
-            token=replacement,
-            generation=resumed.generation,
-            was_held=resumed.was_held,
-            calls=[record_of(job) for job in resumed.jobs],
-        )
+        return actions
 
     async def join(self, session_id: str) -> None:
         """Hold the session here, and hear its notes."""

@@ -91,12 +91,29 @@ class SessionIO:
             return self.session.open_refused(over.error)
         return None
 
-    async def resume(self, action: ResumeSession, replacement: str) -> resumption.Resumed:
-        """Take the session over (ResumeRefused if not), rotating its token."""
-        resumed: resumption.Resumed = await database_sync_to_async(resumption.resume)(
-            action.session_id, action.token, self.principal, replacement
+    async def resume(self, action: ResumeSession, replacement: str) -> list[Action]:
+        """Take the session over, rotating its token; ResumeRefused if it cannot be."""
+        resumed, again = await database_sync_to_async(self._resume)(action, replacement)
+        return self.session.resumed(
+            action,
+            token=replacement,
+            generation=resumed.generation,
+            was_held=resumed.was_held,
+            calls=[record_of(job) for job in resumed.jobs],
+            again=again,
         )
-        return resumed
+
+    def _resume(
+        self, action: ResumeSession, replacement: str
+    ) -> tuple[resumption.Resumed, list[tuple[CallRecord, dict[str, Any]]]]:
+        resumed = resumption.resume(
+            action.session_id, action.token, self.principal, replacement, action.awaiting
+        )
+        again = [
+            (record_of(job), results.call_response(job, base_url=self.base_url))
+            for job in resumed.again
+        ]
+        return resumed, again
 
     async def start_call(
         self,
@@ -104,8 +121,9 @@ class SessionIO:
         ticket: StartTicket,
         deliver: local_lane.Deliver,
         turn: StartTurn | None = None,
-    ) -> CallRecord | WireError:
-        """Start the call through the call service: its job, or why not.
+    ) -> CallRecord | WireError | None:
+        """Start the call through the call service: its job, or why not; None for a
+        re-sent call whose callId the session holds already.
 
         Not reported to the session here: the consumer does, under its lock.
         """
@@ -124,6 +142,8 @@ class SessionIO:
         )
         try:
             job = await start.start(self.principal, call)
+        except start.CallIdTaken as taken:
+            return None if action.resent else taken.error
         except start.CallRefused as refused:
             return refused.error
         return record_of(job)

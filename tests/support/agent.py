@@ -125,16 +125,24 @@ class Agent:
         return reply
 
     def resume(
-        self, session_id: uuid.UUID | str, token: str, *, notifications: bool = False
+        self,
+        session_id: uuid.UUID | str,
+        token: str,
+        *,
+        notifications: bool = False,
+        awaiting: list[str] | None = None,
     ) -> Envelope:
         """initialize with `resume`; the initialize-result (its payload may be an error)."""
+        resume: dict[str, Any] = {"sessionId": str(session_id), "token": token}
+        if awaiting is not None:
+            resume["awaiting"] = awaiting
         message_id = self.send(
             "initialize",
             {
                 "agent": {"name": "test-agent", "version": "1.0"},
                 "protocolVersion": "0.1",
                 "features": {"notifications": notifications, "progress": True},
-                "resume": {"sessionId": str(session_id), "token": token},
+                "resume": resume,
             },
         )
         reply = self.reply_to(message_id, "initialize-result")
@@ -158,17 +166,23 @@ class Agent:
         call_id: str | None = None,
         timeout_ms: int | None = None,
         progress_token: str | None = None,
+        resent: bool = False,
+        message_id: str | None = None,
     ) -> str:
         """Send capabilities/call; returns the envelope id (the call-result echoes it)."""
         options: dict[str, Any] = {}
         if call_id is not None:
             options["callId"] = call_id
+        if resent:
+            options["resent"] = True
         if timeout_ms is not None:
             options["timeout"] = timeout_ms
         if progress_token is not None:
             options["progressToken"] = progress_token
         return self.send(
-            "capabilities/call", {"capability": capability, "params": params, "options": options}
+            "capabilities/call",
+            {"capability": capability, "params": params, "options": options},
+            message_id=message_id,
         )
 
     def cancel(self, call_id: str, reason: str | None = None) -> str:

@@ -56,8 +56,14 @@ class RetryPolicy:
 class CallHandle:
     """A call in flight: await it for its Result, or cancel it."""
 
-    def __init__(self, client: AsyncClient, call_id: str) -> None:
+    def __init__(
+        self, client: AsyncClient, call_id: str, frame_id: str, payload: dict[str, Any]
+    ) -> None:
         self.call_id = call_id
+        self.frame_id = frame_id
+        self.payload = payload
+        """The call as sent: sent again after a resume if the server never got it."""
+        self.sent = False
         self._client = client
         self._answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.confirmed_in_ms: float | None = None
@@ -222,11 +228,9 @@ class AsyncClient:
         call_id = call_id or uuid.uuid4().hex
         sendable = await self._sendable(params)
         timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
-        frame = messages.envelope(
-            "capabilities/call",
-            self._next_id(),
-            messages.call(capability, sendable, call_id, timeout_ms),
-        )
+        frame_id = self._next_id()
+        payload = messages.call(capability, sendable, call_id, timeout_ms)
+        frame = messages.envelope("capabilities/call", frame_id, payload)
         if len(frame.encode()) > self.max_frame_bytes:
             raise InvalidParams(
                 "INVALID_PARAMS",
@@ -234,11 +238,12 @@ class AsyncClient:
                 f"{self.max_frame_bytes} (send big binary inputs as bytes: they are uploaded).",
                 details={"path": "params", "limit": self.max_frame_bytes},
             )
-        handle = CallHandle(self, call_id)
+        handle = CallHandle(self, call_id, frame_id, payload)
         self._calls[call_id] = handle
         if on_progress is not None:
             self._progress[call_id] = on_progress
         await self._send_frame(frame)
+        handle.sent = True
         return handle
 
     async def request(self, type_: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +277,11 @@ class AsyncClient:
         resumed = (
             (self.session_id, self._token) if resume and self.session_id and self._token else None
         )
-        hello = messages.initialize(*self._agent, resumed)
+        # Calls sent on a socket that dropped; those not sent yet go out once connected.
+        awaiting = [handle for handle in self._calls.values() if handle.sent]
+        hello = messages.initialize(
+            *self._agent, resumed, [handle.call_id for handle in awaiting] if resumed else None
+        )
         try:
             await ws.send(messages.envelope("initialize", self._next_id(), hello))
             reply = json.loads(await ws.recv())
@@ -290,8 +299,22 @@ class AsyncClient:
         self.session_id = payload["sessionId"]
         self._token = payload.get("resumeToken")
         self.capability_names = [entry["name"] for entry in payload.get("capabilities", [])]
+        held = payload.get("heldCalls")
+        if resumed and isinstance(held, list):
+            lost = [handle for handle in awaiting if handle.call_id not in held]
+            await self._send_again(lost, ws)
         self._ws = ws
         self._connected.set()
+
+    async def _send_again(self, lost: list[CallHandle], ws: ClientConnection) -> None:
+        """Send the calls whose frames the server never got, before anything newer."""
+        for handle in lost:
+            if not handle.done():
+                logger.info("Call %s never reached the server; sending it again", handle.call_id)
+                frame = messages.envelope(
+                    "capabilities/call", handle.frame_id, messages.resent(handle.payload)
+                )
+                await ws.send(frame)
 
     async def _read_forever(self) -> None:
         while True:

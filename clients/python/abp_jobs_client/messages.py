@@ -17,8 +17,17 @@ def envelope(type_: str, id_: str, payload: dict[str, Any]) -> str:
     return json.dumps({"type": type_, "id": id_, "payload": payload})
 
 
-def initialize(name: str, version: str, resume: tuple[str, str] | None) -> dict[str, Any]:
-    """An `initialize` payload; `resume`: (sessionId, resumeToken) to take a session back."""
+def initialize(
+    name: str,
+    version: str,
+    resume: tuple[str, str] | None,
+    awaiting: list[str] | None = None,
+) -> dict[str, Any]:
+    """An `initialize` payload; `resume`: (sessionId, resumeToken) to take a session back.
+
+    `awaiting`: the callIds still waiting for their answer; the reply's `heldCalls` says
+    which of them reached the server (docs/protocol.md, resuming a session).
+    """
     payload: dict[str, Any] = {
         "agent": {"name": name, "version": version},
         "protocolVersion": PROTOCOL_VERSION,
@@ -26,6 +35,8 @@ def initialize(name: str, version: str, resume: tuple[str, str] | None) -> dict[
     }
     if resume is not None:
         payload["resume"] = {"sessionId": resume[0], "token": resume[1]}
+        if awaiting:
+            payload["resume"]["awaiting"] = awaiting
     return payload
 
 
@@ -37,6 +48,11 @@ def call(
     if timeout_ms is not None:
         options["timeout"] = timeout_ms
     return {"capability": capability, "params": params, "options": options}
+
+
+def resent(call_payload: dict[str, Any]) -> dict[str, Any]:
+    """The call sent again after a resume: the server runs it unless it holds its callId."""
+    return {**call_payload, "options": {**call_payload["options"], "resent": True}}
 
 
 @dataclass(frozen=True)
