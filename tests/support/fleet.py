@@ -168,6 +168,8 @@ class Planned:
 class AgentSession:
     """One agent: its session over a series of connections."""
 
+    initialize_payload: dict[str, Any] = INITIALIZE  # `resume` is added to it
+
     def __init__(self, fleet: Fleet, index: int, url: str) -> None:
         self.fleet = fleet
         self.index = index
@@ -185,6 +187,7 @@ class AgentSession:
         self._ids = itertools.count(1)
         self._numbers = itertools.count()
         self._recovering: asyncio.Task[None] | None = None
+        self.initialized: dict[str, Any] = {}  # the last initialize-result's payload
 
     # -- connections ------------------------------------------------------------------
 
@@ -196,9 +199,9 @@ class AgentSession:
 
     async def _attach(self, url: str, *, resume: bool) -> None:
         message_id = f"init-{next(self._ids)}"
-        payload: dict[str, Any] = dict(INITIALIZE)
+        payload: dict[str, Any] = dict(self.initialize_payload)
         if resume:
-            payload["resume"] = {"sessionId": self.session_id, "token": self.token}
+            payload["resume"] = self._resume_payload()
         async with self.fleet.gate:
             ws = await connect(
                 url,
@@ -222,6 +225,7 @@ class AgentSession:
             raise SessionRefused(str(answer["payload"]["error"]))
         self.session_id = answer["payload"]["sessionId"]
         self.token = answer["payload"]["resumeToken"]
+        self.initialized = answer["payload"]
         self.current = conn
         self.live.set()
 
@@ -280,11 +284,7 @@ class AgentSession:
         self.resumes.append(time.perf_counter() - started)
         # Live again since _attach returned: nothing else ran in between.
         lost = {c.index for c in self.connections if c.lost}
-        calls_again = [
-            call
-            for call in self.calls.values()
-            if not call.answers and call.sends and call.sends[-1].connection in lost
-        ]
+        calls_again = self._calls_to_send_again(lost)
         cancels_again = [
             call
             for call in self.calls.values()
@@ -297,6 +297,18 @@ class AgentSession:
                 await self._send_call(call)
             for call in cancels_again:
                 await self._send_cancel(call)
+
+    def _resume_payload(self) -> dict[str, Any]:
+        """`initialize.payload.resume` for this session."""
+        return {"sessionId": self.session_id, "token": self.token}
+
+    def _calls_to_send_again(self, lost: set[int]) -> list[Call]:
+        """After a resume: the calls last sent on a lost socket and never answered."""
+        return [
+            call
+            for call in self.calls.values()
+            if not call.answers and call.sends and call.sends[-1].connection in lost
+        ]
 
     # -- frames -----------------------------------------------------------------------
 
@@ -319,12 +331,16 @@ class AgentSession:
 
     async def _send_call(self, call: Call) -> None:
         message_id = call.call_id if not call.sends else f"{call.call_id}~{len(call.sends)}"
-        payload = {
+        payload = self._call_payload(call)
+        call.sends.append(await self._send("capabilities/call", message_id, payload))
+
+    def _call_payload(self, call: Call) -> dict[str, Any]:
+        """A call's payload, as sent (the first time and again)."""
+        return {
             "capability": call.capability,
             "params": call.params,
             "options": {"callId": call.call_id},
         }
-        call.sends.append(await self._send("capabilities/call", message_id, payload))
 
     async def _send_cancel(self, call: Call) -> None:
         message_id = f"{call.call_id}-cancel{len(call.cancels)}"

@@ -126,10 +126,13 @@ class Topology:
         nodes: tuple[str, ...] = ("node1", "node2"),
         heavy_concurrency: int = 2,
         web_host: str = "127.0.0.1",
+        database_server: str | None = None,
     ) -> None:
+        """`database_server`: the PostgreSQL server to create the database on (a URL to
+        one of its databases; default TEST_DATABASE_URL's, tests/support/postgres.py)."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.database = TemporaryDatabase(purpose)
+        self.database = TemporaryDatabase(purpose, database_server)
         self.redis_port = free_port()
         # This box's addresses in place of any the settings name (a compose file's).
         here = {
