@@ -1,0 +1,88 @@
+"""The MCP door (/mcp), with the official Python SDK on both wires: the 2025-11-25
+session wire (`mode="legacy"`) and the 2026-07-28 session-less one.
+
+A cancel is the SDK's own (the awaiting task cancelled: `notifications/cancelled` or the
+request's stream closed); a client-side timeout is `read_timeout_seconds`. An MCP session
+lives in the Daphne that opened it: when that Daphne dies, its calls fail and the client
+is told so (the SDK raises); the lane then opens a new client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.support.mcp_clients import official_client
+from tests.support.soak import plan
+from tests.support.soak.doors.lane import Lane
+from tests.support.soak.doors.pending import settle
+from tests.support.soak.ledger import Ledger, Op, names_call
+
+WIRES = {"mcp2025": "legacy", "mcp2026": "2026-07-28"}
+
+
+def outcome_of(result: Any, tag: str) -> tuple[str, dict[str, Any], bool]:
+    """A CallToolResult as (outcome, detail, names this call)."""
+    text = " ".join(getattr(part, "text", "") for part in result.content or [])
+    if result.is_error:
+        for code in ("TIMEOUT", "CANCELLED", "WORKER_LOST", "CAPABILITY_UNAVAILABLE"):
+            if code in text:
+                outcome = {"TIMEOUT": "timeout", "CANCELLED": "cancelled"}.get(
+                    code, f"error:{code}"
+                )
+                return outcome, {"text": text[:200]}, True
+        return "error:OTHER", {"text": text[:200]}, True
+    return "succeeded", {}, names_call(tag, result.structured_content)
+
+
+async def one_call(client: Any, op: Op, planned: plan.Planned, ledger: Ledger) -> None:
+    """Make one call; its answer, its cancel, or what the client was told."""
+    arguments = plan.params_for(op.tag, planned)
+    call = client.call_tool(planned.capability, arguments)
+    try:
+        if planned.cancel_after is None:
+            result = await call
+        else:
+            result = await asyncio.wait_for(call, planned.cancel_after)
+    except TimeoutError:
+        op.cancelled_at = ledger.now()
+        ledger.count(op.door, "cancels")
+        ledger.note(op, f"cancelled by the SDK ({op.cancel_plan})")
+        # MCP answers a cancelled request with nothing: the cancel is the end of it.
+        ledger.answer(op, "cancelled", {"client": "cancelled its request"})
+        return
+    outcome, detail, ok = outcome_of(result, op.tag)
+    ledger.answer(op, outcome, detail, data_ok=ok)
+
+
+async def lane(door: str, url: str, key: str, ctx: Lane, *, pace: float) -> None:
+    """A client making calls concurrently until the stop; a new client after a failure."""
+    ledger = ctx.ledger
+    while not ctx.stop.is_set():
+        calls: dict[asyncio.Task[None], Op] = {}
+        broken: list[BaseException] = []
+        try:
+            async with official_client(url, key=key, mode=WIRES[door]) as client:
+                ledger.count(door, "sessions")
+                while not ctx.stop.is_set() and not broken:
+                    planned = plan.next_call(ctx.rng, ctx.mix)
+                    op = ledger.new(door, planned.capability, planned.cancel_plan, None)
+                    task = asyncio.create_task(_guarded(client, op, planned, ledger, broken))
+                    calls[task] = op
+                    await ctx.pause(pace)
+                await settle(calls, ledger)
+        except Exception as failed:
+            ledger.count(door, f"sessions failed: {type(failed).__name__}")
+        if not ctx.stop.is_set():
+            await asyncio.sleep(1.0)
+
+
+async def _guarded(
+    client: Any, op: Op, planned: plan.Planned, ledger: Ledger, broken: list[BaseException]
+) -> None:
+    try:
+        await one_call(client, op, planned, ledger)
+    except Exception as failed:
+        op.told = f"{type(failed).__name__}: {str(failed)[:200]}"
+        ledger.note(op, f"told: {op.told}")
+        broken.append(failed)
