@@ -23,6 +23,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,8 +51,13 @@ def run(options: Options, *, report_path: Path | None, logs: Path | None) -> Out
         print(f"== fault schedule (seed {options.seed}): {len(faults)} faults", flush=True)
         print("\n".join(report.schedule_lines(faults)), flush=True)
         try:
+            started = time.monotonic()
             stack.start()
-            print(f"== stack up: {stack.http_url}; load for {options.minutes} min", flush=True)
+            print(
+                f"== stack up in {time.monotonic() - started:.0f} s: {stack.http_url};"
+                f" load for {options.minutes} min",
+                flush=True,
+            )
             outcome = asyncio.run(soak(stack, options, faults))
         finally:
             stack.stop()

@@ -82,7 +82,10 @@ class Ledger:
         self.counts[f"{door}/{what}"] += n
 
     def answer(self, op: Op, outcome: str, detail: dict[str, Any], *, data_ok: bool = True) -> None:
-        """Record an answer to a call."""
+        """Record an answer to a call (one after the run gave up on it goes to its timeline)."""
+        if op.given_up:
+            self.note(op, f"answer {outcome}, after the run gave up on it")
+            return
         op.answers.append(Answer(self.now(), outcome, detail, data_ok))
         self.count(op.door, "answers")
         self.note(op, f"answer {outcome}")

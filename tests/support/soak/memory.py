@@ -1,9 +1,9 @@
 """RSS of the Daphnes, the workers and their children, sampled against calls made.
 
 Each process (by PID: a restarted one is a new series) gets a least-squares slope of
-its RSS against the calls made so far, once warm (its first `WARM_SECONDS` left out),
-in KiB per 1,000 calls. A role's slope is the median over its series long enough to
-judge; it must stay under `BOUND_KIB_PER_1000_CALLS`.
+its RSS against the calls made so far, once warm (its first `WARM_SECONDS`, or its
+first third if longer, left out), in KiB per 1,000 calls. A role's slope is the median
+over its series long enough to judge; it must stay under `BOUND_KIB_PER_1000_CALLS`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from tests.support.soak.ledger import Ledger
 from tests.support.topology import Process, Topology
 
 BOUND_KIB_PER_1000_CALLS = 1024.0
-WARM_SECONDS = 30.0
+WARM_SECONDS = 60.0
 # A series is judged only over this many calls and samples (shorter ones are noise).
-MIN_CALLS = 300
+MIN_CALLS = 1000
 MIN_SAMPLES = 6
 
 
@@ -111,7 +111,8 @@ def slopes(samples: list[Sample]) -> list[RoleSlope]:
     for role, all_series in sorted(by_role.items()):
         judged = []
         for points in all_series:
-            warm = [p for p in points if p.at >= points[0].at + WARM_SECONDS]
+            warm_from = points[0].at + max(WARM_SECONDS, (points[-1].at - points[0].at) / 3)
+            warm = [p for p in points if p.at >= warm_from]
             if len(warm) >= MIN_SAMPLES and warm[-1].calls - warm[0].calls >= MIN_CALLS:
                 judged.append(1000 * slope([(p.calls, p.rss_kib) for p in warm]))
         last = max(all_series, key=lambda points: points[-1].at)[-1].rss_kib

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 SMALL = "convert.markdownToHtml"
+# A heavy call's timeout: its run plus this (time in the queue counts: docs/protocol.md).
+HEAVY_SLACK_SECONDS = 30.0
 HEAVY = "test.sleep"
 
 # When a cancel goes, relative to the call (seconds), by the moment it aims at.
@@ -57,7 +59,9 @@ def next_call(rng: random.Random, mix: Mix, *, cancels: bool = True) -> Planned:
             capability=SMALL, seconds=0.0, cancel_plan=None, cancel_after=None, timeout_ms=None
         )
     seconds = round(rng.uniform(0.5, 3.0), 2)
-    timeout_ms = None
+    # Every heavy call has a deadline well within the run, so that one left queued or
+    # running shows as past it; some have one shorter than their run (a server timeout).
+    timeout_ms = int((seconds + HEAVY_SLACK_SECONDS) * 1000)
     if rng.random() < mix.timeout_heavy:
         timeout_ms = int(rng.uniform(0.2, 0.8) * seconds * 1000)
     if not cancels or rng.random() >= mix.cancel_heavy:

@@ -21,7 +21,7 @@ from tests.support.soak.retention import RETENTION_SECONDS, ROW_BOUND_SECONDS
 from tests.support.soak.rows import RowWatch
 from tests.support.soak.stack import SoakStack
 
-DRAIN_SECONDS = 120.0
+DRAIN_SECONDS = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +155,7 @@ async def soak(stack: SoakStack, options: Options, faults: list[Fault]) -> Outco
     found["harness_errors"] = [f"a lane crashed: {type(e).__name__}: {e}"[:300] for e in crashed]
     if options.keep_ops:
         found["ops"] = [dataclasses.asdict(op) for op in ledger.ops]
+        found["memory"]["all_samples"] = [dataclasses.astuple(s) for s in samples]
     return Outcome(found, violations)
 
 

@@ -67,6 +67,7 @@ class RpcSession:
         self.session_id = ""
         self.token = ""
         self.failure: str | None = None
+        self.held: set[str] = set()  # the last resume's heldCalls
         self.calls: dict[str, RpcCall] = {}
         self.by_request: dict[int, RpcCall] = {}
         self.cancel_requests: set[int] = set()  # `_abp/cancel` ids: their replies are no answers
@@ -88,7 +89,11 @@ class RpcSession:
         self._reader = asyncio.create_task(self._read(ws, self.connection))
         meta: dict[str, Any] = {"abp/notifications": False}
         if resume:
-            meta["abp/resume"] = {"sessionId": self.session_id, "token": self.token}
+            meta["abp/resume"] = {
+                "sessionId": self.session_id,
+                "token": self.token,
+                "awaiting": [tag for tag, call in self.calls.items() if not call.op.answers],
+            }
         answer = await self._request(
             "initialize",
             {"protocolVersion": 1, "clientInfo": {"name": "soak", "version": "1"}, "_meta": meta},
@@ -99,6 +104,7 @@ class RpcSession:
             raise PermissionError(json.dumps(answer["error"])[:300])
         self.session_id = answer["result"]["_meta"]["abp/sessionId"]
         self.token = answer["result"]["_meta"]["abp/resumeToken"]
+        self.held = set(answer["result"]["_meta"].get("abp/heldCalls", ()))
         self._live.set()
 
     async def _request(self, method: str, params: dict[str, Any]) -> Message:
@@ -118,7 +124,7 @@ class RpcSession:
         if self._closing or connection != self.connection:
             return
         self._live.clear()
-        self._keep(asyncio.create_task(self._recover(connection)))
+        self._keep(asyncio.create_task(self._recover()))
 
     def _received(self, message: Message) -> None:
         method = message.get("method")
@@ -151,7 +157,7 @@ class RpcSession:
         ok = outcome != "succeeded" or names_call(call.op.tag, data)
         self.ledger.answer(call.op, outcome, {"error": error, "where": where}, data_ok=ok)
 
-    async def _recover(self, lost: int) -> None:
+    async def _recover(self) -> None:
         for call in self.calls.values():
             if not call.op.answers:
                 self.ledger.note(call.op, "socket lost")
@@ -168,9 +174,11 @@ class RpcSession:
             self._fail("could not resume")
             return
         self.ledger.count(DOOR, "resumes")
+        # Calls awaited that the server does not hold died unread: sent again, marked so.
         for call in list(self.calls.values()):
-            if not call.op.answers and call.connection == lost:
+            if not call.op.answers and call.op.tag not in self.held:
                 self.ledger.note(call.op, "sent again after a resume")
+                call.body["_meta"] = {"abp/resent": True}
                 await self._send_call(call)
 
     def _fail(self, why: str) -> None:
