@@ -13,6 +13,7 @@ import enum
 import os
 import random
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,7 +121,7 @@ class Injector:
             self.running.add(index)
             try:
                 fault.note = await asyncio.to_thread(self._inject, fault)
-            except Exception as failed:
+            except Exception as failed:  # reported with the fault: the soak goes on
                 fault.error = f"{type(failed).__name__}: {failed}"[:300]
             finally:
                 self.running.discard(index)
@@ -178,7 +179,7 @@ class Injector:
         started = time.monotonic()
         try:
             process.proc.wait(60)
-        except Exception:
+        except subprocess.TimeoutExpired:  # a SIGTERM not obeyed in a minute
             process.kill()
         exited = time.monotonic() - started
         time.sleep(hold)

@@ -5,6 +5,8 @@
   and agrees with the call's job row;
 - a cancelled answer comes after a cancel, a timeout, or a revoked key;
 - no progress for a call arrives after its answer (no work runs for a settled job);
+- calls make progress: no heavy call reaches its deadline, 30 s past its own run, unless
+  its timeout was set shorter than its run on purpose;
 - and the rows' own findings (rows.py): lost, duplicated, past a deadline, work after
   a settle, kept past retention.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.soak.ledger import Op
+from tests.support.soak.plan import HEAVY_SLACK_SECONDS
 from tests.support.soak.rows import JobHistory, RowWatch
 
 # Progress may be on its way when the answer overtakes it; later than this, work ran.
@@ -93,6 +96,9 @@ def check_op(op: Op, rows: RowWatch, revoked: set[str]) -> list[Violation]:
                 found.append(f"answered {answer.outcome}, but its job is {status}")
         if not client_side and not jobs and not cancel_like and answer.outcome == "succeeded":
             found.append("answered succeeded, but no job row was ever seen")
+        timeout_ms = op.timeout_ms or 0
+        if answer.outcome == "timeout" and timeout_ms >= HEAVY_SLACK_SECONDS * 1000:
+            found.append(f"starved: timed out {timeout_ms / 1000:g} s after it was sent")
         late = [at for at in op.late_progress if at - answer.at > LATE_PROGRESS_SECONDS]
         if late:
             found.append(f"progress {late[-1] - answer.at:.1f} s after its answer")
@@ -106,6 +112,8 @@ def _name(text: str) -> str:
         return "no answer goes to another session"
     if text.startswith("progress"):
         return "no work runs for a settled job"
+    if text.startswith("starved"):
+        return "calls make progress"
     return "answers agree with their job"
 
 

@@ -39,6 +39,7 @@ class SoakAgent(fleet.AgentSession):
         self.ops: dict[str, Op] = {}
         self.timeouts: dict[str, int] = {}
         self.gone = asyncio.Event()  # the session failed: its agent was told why
+        self.refusal = ""  # what the server said when it refused the key
         self._cancels: set[asyncio.Task[None]] = set()
 
     # -- resuming: see resend.py ----------------------------------------------------------
@@ -100,11 +101,17 @@ class SoakAgent(fleet.AgentSession):
         super()._route(now, conn, message)
 
     def _refused(self, error: dict[str, Any]) -> None:
-        """The key was refused (revoked): a resume waiting for its reply is refused too."""
-        self.ledger.count(self.door, "told the key was revoked")
+        """The key was refused (revoked): no resume is tried again, nor one waiting."""
+        self.ledger.count(self.door, "told the key was refused")
+        self.refusal = f"{error.get('code')}: {error.get('message')}"
         for reply in self._replies.values():
             if not reply.done():
                 reply.set_result({"payload": {"error": error}})
+
+    async def _attach(self, url: str, *, resume: bool) -> None:
+        if resume and self.refusal:
+            raise fleet.SessionRefused(self.refusal)
+        await super()._attach(url, resume=resume)
 
     async def _recover(self) -> None:
         for op in self.unanswered():

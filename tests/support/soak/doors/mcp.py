@@ -56,33 +56,48 @@ async def one_call(client: Any, op: Op, planned: plan.Planned, ledger: Ledger) -
 
 
 async def lane(door: str, url: str, key: str, ctx: Lane, *, pace: float) -> None:
-    """A client making calls concurrently until the stop; a new client after a failure."""
-    ledger = ctx.ledger
+    """Clients making calls until the stop: a new one as soon as one fails (whose calls
+    still out are waited for beside it)."""
+    sessions: set[asyncio.Task[None]] = set()
     while not ctx.stop.is_set():
-        calls: dict[asyncio.Task[None], Op] = {}
-        broken: list[BaseException] = []
-        try:
-            async with official_client(url, key=key, mode=WIRES[door]) as client:
-                ledger.count(door, "sessions")
-                while not ctx.stop.is_set() and not broken:
-                    planned = plan.next_call(ctx.rng, ctx.mix)
-                    op = ledger.new(door, planned.capability, planned.cancel_plan, None)
-                    task = asyncio.create_task(_guarded(client, op, planned, ledger, broken))
-                    calls[task] = op
-                    await ctx.pause(pace)
-                await settle(calls, ledger)
-        except Exception as failed:
-            ledger.count(door, f"sessions failed: {type(failed).__name__}")
+        broken = asyncio.Event()
+        sessions.add(asyncio.create_task(_session(door, (url, key), ctx, broken, pace=pace)))
+        ended = [asyncio.create_task(broken.wait()), asyncio.create_task(ctx.stop.wait())]
+        await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in ended:
+            waiter.cancel()
         if not ctx.stop.is_set():
             await asyncio.sleep(1.0)
+    await asyncio.gather(*sessions)
+
+
+async def _session(
+    door: str, where: tuple[str, str], ctx: Lane, broken: asyncio.Event, *, pace: float
+) -> None:
+    """One client (at `where`: URL, key): calls until the stop or its first failure, then
+    its calls' answers."""
+    ledger, (url, key) = ctx.ledger, where
+    calls: dict[asyncio.Task[None], Op] = {}
+    try:
+        async with official_client(url, key=key, mode=WIRES[door]) as client:
+            ledger.count(door, "sessions")
+            while not ctx.stop.is_set() and not broken.is_set():
+                planned = plan.next_call(ctx.rng, ctx.mix)
+                op = ledger.new(door, planned.capability, planned.cancel_plan, None)
+                calls[asyncio.create_task(_guarded(client, op, planned, ledger, broken))] = op
+                await ctx.pause(pace)
+            await settle(calls, ledger)
+    except Exception as failed:  # any failure of the session ends it, and is counted
+        ledger.count(door, f"sessions failed: {type(failed).__name__}")
+    broken.set()
 
 
 async def _guarded(
-    client: Any, op: Op, planned: plan.Planned, ledger: Ledger, broken: list[BaseException]
+    client: Any, op: Op, planned: plan.Planned, ledger: Ledger, broken: asyncio.Event
 ) -> None:
     try:
         await one_call(client, op, planned, ledger)
-    except Exception as failed:
+    except Exception as failed:  # the client was told: that is its answer
         op.told = f"{type(failed).__name__}: {str(failed)[:200]}"
         ledger.note(op, f"told: {op.told}")
-        broken.append(failed)
+        broken.set()

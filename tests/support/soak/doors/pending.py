@@ -6,7 +6,7 @@ import asyncio
 
 from tests.support.soak.ledger import Ledger, Op
 
-SETTLE_SECONDS = 60.0
+SETTLE_SECONDS = 45.0  # as run.DRAIN_SECONDS
 
 
 async def settle(calls: dict[asyncio.Task[None], Op], ledger: Ledger) -> None:
