@@ -36,7 +36,7 @@ APT_PACKAGES := libharfbuzz-subset0 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejav
 	chromium chromium-driver haproxy
 APT_GET ?= apt-get
 
-.PHONY: help deps system-deps migrate run test test-postgres lint bench clean distclean
+.PHONY: help deps system-deps migrate run test test-postgres lint bench soak clean distclean
 
 help:
 	@echo "make run      start the demo (Redis, Celery worker and beat, Daphne) on http://127.0.0.1:$(PORT)/"
@@ -45,6 +45,7 @@ help:
 	@echo "make test-postgres  the tests that reach a database, on a fresh PostgreSQL database (TEST_DATABASE_URL=$(TEST_DATABASE_URL))"
 	@echo "make lint     ruff check, ruff format --check, mypy, import-linter (the layout's rules)"
 	@echo "make bench    run the benchmarks (bench/run_all.py)"
+	@echo "make soak     the soak harness: every door under load while faults are injected (SOAK_ARGS='$(SOAK_ARGS)')"
 	@echo "make clean    remove caches; make distclean also removes .venv, var/ and the SQLite DB"
 
 # --- prerequisites shared by run, test, lint and bench ------------------------------
@@ -167,6 +168,13 @@ $(MCP_INSPECTOR_STAMP): $(MCP_INSPECTOR)/package-lock.json
 # `make bench BENCH_ARGS=--quick` prints the table alone, with fewer rounds.
 bench: deps
 	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
+
+# The production-like stack (a private PostgreSQL cluster, two Daphnes behind HAProxy,
+# workers, beat) under load on every door while faults are injected from a seed, its
+# invariants checked (bench/soak.py, docs/reliability.md). Needs PostgreSQL 15's binaries.
+SOAK_ARGS ?= --minutes 60 --seed 1
+soak: deps
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
 # --- cleaning ---------------------------------------------------------------------------
 
