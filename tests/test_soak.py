@@ -9,13 +9,18 @@ Only the PostgreSQL pass runs it (`postgres` marker); it needs PostgreSQL 15's b
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support import postgres_server
 from tests.support.soak.faults import Kind
+from tests.support.soak.invariants import check
+from tests.support.soak.ledger import Answer, Ledger, Op
 from tests.support.soak.main import run_soak
+from tests.support.soak.rows import COLUMNS, RowWatch
 from tests.support.soak.run import Options
 
 DEFAULT_ARTIFACTS = Path(__file__).parent.parent / "var" / "test-artifacts"
@@ -44,3 +49,91 @@ def test_three_minutes_of_load_and_faults_break_no_invariant() -> None:
         assert report["operations"][door]["answers"] > 0, door
     summary = "\n".join(f"{v.invariant}: {v.detail}" for v in outcome.violations[:20])
     assert outcome.violations == [], f"{len(outcome.violations)} violations:\n{summary}"
+
+
+def test_the_checks_catch_what_they_must() -> None:
+    """The invariants themselves, on made-up calls and rows: each kind of wrong is reported."""
+    ledger = Ledger()
+    rows = RowWatch("postgresql://unused", ledger, retention=150, bound=240)
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+    def row(tag: str, status: str, **fields: Any) -> tuple[Any, ...]:
+        values: dict[str, Any] = {
+            "id": f"job-{tag}", "tag": tag, "status": status, "error_code": "",
+            "cancel_source": "", "created_at": now - timedelta(seconds=60), "started_at": None,
+            "settled_at": None, "stopped_at": None, "deadline": None, "worker": "",
+            "session_id": "s",
+        }  # fmt: skip
+        values.update(fields)
+        return (*(values[name] for name in COLUMNS), now)
+
+    def op(tag: str, *answers: str, **fields: Any) -> Op:
+        made = Op("abp", tag, "test.sleep", None, None, 1.0, session="s")
+        for outcome in answers:
+            made.answers.append(Answer(2.0, outcome, {}))
+        for name, value in fields.items():
+            setattr(made, name, value)
+        ledger.ops.append(made)
+        return made
+
+    settled = now - timedelta(seconds=30)
+    cases = {
+        # tag: (the call, its row or None, the invariant expected or None)
+        "ok": (op("ok", "succeeded"), row("ok", "succeeded", settled_at=settled), None),
+        "told": (op("told", told="resume refused"), None, None),
+        "none": (op("none"), None, "answered exactly once"),
+        "twice": (op("twice", "succeeded", "succeeded"), None, "answered exactly once"),
+        "disagrees": (
+            op("disagrees", "succeeded"), row("disagrees", "failed", settled_at=settled),
+            "answers agree with their job",
+        ),
+        "uncalled": (
+            op("uncalled", "cancelled"), row("uncalled", "cancelled", settled_at=settled),
+            "answers agree with their job",
+        ),
+        "starved": (
+            op("starved", "timeout", timeout_ms=32000, cancelled_at=None),
+            row("starved", "cancelled", settled_at=settled), "calls make progress",
+        ),
+        "late": (
+            op("late", "succeeded", late_progress=[9.0]),
+            row("late", "succeeded", settled_at=settled), "no work runs for a settled job",
+        ),
+        "overdue": (
+            op("overdue", told="gone"),
+            row("overdue", "queued", deadline=now - timedelta(seconds=60)),
+            "no job is non-terminal past its deadline plus the grace",
+        ),
+        "unstopped": (
+            op("unstopped", "cancelled", cancelled_at=1.5),
+            row("unstopped", "cancelled", started_at=settled, settled_at=settled),
+            "no work runs for a settled job",
+        ),
+        "lost": (
+            op("lost", "succeeded"), row("lost", "succeeded", settled_at=settled),
+            "no job row is lost or duplicated",
+        ),
+        "crossed": (
+            op("crossed", "succeeded"), row("crossed", "succeeded", settled_at=settled),
+            "no answer goes to another session",
+        ),
+        "old": (
+            op("old", "succeeded"), row("old", "succeeded", settled_at=now - timedelta(hours=1)),
+            "rows stay bounded by retention",
+        ),
+    }  # fmt: skip
+    rows._observe([r for _, r, _ in cases.values() if r is not None], 5.0)
+    rows._observe([r for tag, (_, r, _) in cases.items() if r is not None and tag != "lost"], 8.0)
+    cases["crossed"][0].answers[0].data_ok = False
+    violations = check(ledger.ops, rows, revoked=set(), strays=["a frame of no call"])
+
+    found: dict[str, set[str]] = {}
+    for violation in violations:
+        for tag in violation.tags or ["-"]:
+            found.setdefault(tag, set()).add(violation.invariant)
+    for tag, (_, _, expected) in cases.items():
+        if expected is None:
+            assert tag not in found, (tag, found.get(tag))
+        else:
+            assert expected in found.get(tag, set()), (tag, found.get(tag))
+    assert "no answer goes to another session" in found["-"]
