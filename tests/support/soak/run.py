@@ -56,7 +56,8 @@ async def soak(stack: SoakStack, options: Options, faults: list[Fault]) -> Outco
     samples: list[memory.Sample] = []
     watchers = [
         asyncio.create_task(rows.run(stop_watch)),
-        asyncio.create_task(memory.sampler(stack.topology, ledger, samples, stop_watch)),
+        # RSS against calls made: sampled while calls are made.
+        asyncio.create_task(memory.sampler(stack.topology, ledger, samples, stop_load)),
     ]
     fault_rng = random.Random(f"{options.seed}/faults")
     injector = asyncio.create_task(Injector(stack, ledger, fault_rng).run(faults, stop_load))
