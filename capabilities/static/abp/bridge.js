@@ -37,7 +37,7 @@
  * @module abp/bridge
  */
 
-import { WebSocketTransport, keepResuming, resumeOn } from "./client.js";
+import { WebSocketTransport, keepResuming, resentCall, resumeOn } from "./client.js";
 import { PageToken } from "./page_token.js";
 import { uploadBinaryInputs, uploadUrl } from "./uploads.js";
 import {
@@ -84,6 +84,8 @@ const loadedAt = Date.now();
  * @property {string} [callId]
  * @property {boolean} [buffers] Binary results as transferred ArrayBuffers.
  * @property {string} [frame] A cancel's frame: sent again after a resume.
+ * @property {string} [callFrame] A call's frame: sent again, marked `resent`, after a
+ *   resume whose `heldCalls` does not list it (it was lost with the old socket).
  */
 
 
@@ -285,6 +287,7 @@ export class Bridge {
       this.#hello = hello;
     }
     if (type === MessageType.CANCEL) relayed = { ...relayed, frame: text };
+    if (type === MessageType.CALL) relayed = { ...relayed, callFrame: text };
     if (type !== undefined && id !== undefined && type in REPLY_TYPES) this.#relayed.set(id, relayed);
     this.#relay(text);
   }
@@ -537,10 +540,13 @@ export class Bridge {
     if (resumedOn !== null) {
       this.#socket = resumedOn; // listened to since the handshake
       this.#unheard = null;
+      const held = outcome.heldCalls === undefined ? null : new Set(outcome.heldCalls);
+      const lost = held === null ? [] : this.#sentCalls().filter((relayed) => !held.has(String(relayed.callId)));
+      const again = lost.map((relayed) => JSON.stringify(resentCall(JSON.parse(/** @type {string} */ (relayed.callFrame)))));
       const cancels = [...this.#relayed.values()].flatMap((relayed) => (relayed.frame ? [relayed.frame] : []));
       const queued = this.#queue;
       this.#queue = [];
-      for (const text of [...cancels, ...queued]) this.#send(resumedOn, text);
+      for (const text of [...again, ...cancels, ...queued]) this.#send(resumedOn, text);
       return;
     }
     const wire = outcome.error;
@@ -569,11 +575,20 @@ export class Bridge {
     } catch (error) {
       return { closed: { code: 1006, reason: String(error) } };
     }
-    const session = { sessionId: this.#sessionId, token: this.#resumeToken };
+    const awaiting = this.#sentCalls().map((relayed) => String(relayed.callId));
+    const session = { sessionId: this.#sessionId, token: this.#resumeToken, awaiting };
     return resumeOn(socket, this.#hello, session, (resumeToken) => {
       this.#resumeToken = resumeToken;
       this.#listen(socket);
     });
+  }
+
+  /** Relayed calls waiting for their answer that went out on a socket (not queued). */
+  #sentCalls() {
+    const queued = new Set(this.#queue);
+    return [...this.#relayed.values()].filter(
+      (relayed) => relayed.callFrame !== undefined && relayed.callId !== undefined && !queued.has(relayed.callFrame),
+    );
   }
 
   /**

@@ -385,6 +385,9 @@ class WindowTransport {
  * @property {boolean} [cancelling]
  * @property {Envelope} [frame] A cancel's own frame: sent again after a resume, since
  *   its reply may have gone with the old socket.
+ * @property {Envelope} [callFrame] A call's frame: sent again (marked `resent`) after a
+ *   resume whose `heldCalls` does not list it: it was lost with the old socket.
+ * @property {boolean} [sent] Handed to a transport (a call queued during a resume is not).
  */
 
 /** One ABP session's worth of connection: calls, cancels, progress, notifications. */
@@ -533,9 +536,11 @@ export class ABPClient {
           resolve(response);
         }
       };
+      const callFrame = envelope(MessageType.CALL, { capability, params, options: wireOptions }, id);
       this.#request(id, {
         type: MessageType.CALL,
         callId,
+        callFrame,
         token: token === undefined ? undefined : String(token),
         onProgress,
         settle: (reply) => {
@@ -552,7 +557,7 @@ export class ABPClient {
       if (timeout !== undefined && timeout > 0) {
         timer = setTimeout(() => cancelOnce(`Timed out after ${timeout} ms.`), timeout);
       }
-      this.#send(envelope(MessageType.CALL, { capability, params, options: wireOptions }, id));
+      this.#send(callFrame);
     });
   }
 
@@ -721,10 +726,15 @@ export class ABPClient {
         wireError(wire?.code ?? ErrorCode.TRANSPORT_ERROR, wire?.message ?? String(error), wire?.details),
       );
     };
+    const go = () => {
+      const pending = this.#pending.get(String(message.id));
+      if (pending !== undefined) pending.sent = true;
+      return this.#transport.send(message);
+    };
     if (this.#resuming === null) {
-      this.#transport.send(message).catch(fail);
+      go().catch(fail);
     } else {
-      this.#resuming.then(() => this.#transport.send(message)).catch(fail);
+      this.#resuming.then(go).catch(fail);
     }
   }
 
@@ -816,7 +826,13 @@ export class ABPClient {
     );
     if (this.#closed) return;
     if (outcome.resumed) {
-      for (const pending of [...this.#pending.values()]) if (pending.frame) this.#send(pending.frame);
+      // Before anything queued meanwhile: a cancel made during the drop follows its call.
+      const held = outcome.heldCalls === undefined ? null : new Set(outcome.heldCalls);
+      for (const pending of [...this.#pending.values()]) {
+        const lost = held !== null && pending.sent && pending.callFrame && !held.has(String(pending.callId));
+        if (lost) this.#sendAgain(resentCall(/** @type {Envelope} */ (pending.callFrame)));
+      }
+      for (const pending of [...this.#pending.values()]) if (pending.frame) this.#sendAgain(pending.frame);
       this.#emit("resume", { sessionId: this.sessionId, dropped });
       return;
     }
@@ -830,12 +846,23 @@ export class ABPClient {
     this.#transportClosed(dropped, undefined, wireError(ErrorCode.DISCONNECTED, message));
   }
 
+  /** On the resumed transport, now. @param {Envelope} message */
+  #sendAgain(message) {
+    this.#emit("envelope", "out", message);
+    this.#transport.send(message).catch((/** @type {unknown} */ error) => {
+      this.#take(String(message.id))?.fail(wireError(ErrorCode.TRANSPORT_ERROR, String(error)));
+    });
+  }
+
   /**
    * Resume the session on `transport`: on success it is this client's transport.
    * @param {Transport} transport
    */
   #handshake(transport) {
-    const session = { sessionId: this.sessionId, token: this.#resumeToken };
+    const awaiting = [...this.#pending.values()].flatMap((pending) =>
+      pending.type === MessageType.CALL && pending.sent && pending.callId !== undefined ? [pending.callId] : [],
+    );
+    const session = { sessionId: this.sessionId, token: this.#resumeToken, awaiting };
     return resumeOn(transport, this.#hello, session, (resumeToken) => {
       this.#resumeToken = resumeToken;
       if (transport instanceof WebSocketTransport) transport.sessionId = this.sessionId;
@@ -882,11 +909,11 @@ export class ABPClient {
  * RESUME_RETRY_MAX_MS. A credential refused as expired is tried once more at once,
  * with `expired: true` (a page token: get a fresh one). A try that throws (no socket
  * opened) counts as failed; one that throws PERMISSION_DENIED, as refused.
- * @param {(asked: {expired: boolean}) => Promise<{resumed?: true, error?: WireError, closed?: CloseInfo}>} attempt
+ * @param {(asked: {expired: boolean}) => Promise<ResumeOutcome>} attempt
  * @param {number} graceMs
  * @param {() => boolean} stopped
- * @returns {Promise<{resumed?: true, error?: WireError, why?: string}>} `error`: the
- *   refusal; `why`: why nothing worked.
+ * @returns {Promise<ResumeOutcome & {why?: string}>} `error`: the refusal; `why`: why
+ *   nothing worked.
  */
 export async function keepResuming(attempt, graceMs, stopped) {
   const deadline = performance.now() + graceMs;
@@ -894,7 +921,7 @@ export async function keepResuming(attempt, graceMs, stopped) {
   let expired = false;
   let why = "the grace period ended";
   while (!stopped() && performance.now() < deadline) {
-    /** @type {{resumed?: true, error?: WireError, closed?: CloseInfo}} */
+    /** @type {ResumeOutcome} */
     let outcome;
     try {
       outcome = await attempt({ expired });
@@ -916,17 +943,37 @@ export async function keepResuming(attempt, graceMs, stopped) {
 }
 
 /**
+ * @typedef {object} ResumeOutcome How one try to resume went.
+ * @property {true} [resumed]
+ * @property {string[]} [heldCalls] Of the calls awaited, those the app holds (absent
+ *   from an app without the extension: then none is sent again).
+ * @property {WireError} [error] The app refused the resume or the credential.
+ * @property {CloseInfo} [closed] The transport closed first for another reason.
+ */
+
+/**
+ * The call's frame marked as sent again after a resume: the app runs it unless it
+ * holds its callId already (docs/protocol.md, resuming a session).
+ * @param {Envelope} frame
+ * @returns {Envelope}
+ */
+export function resentCall(frame) {
+  const payload = isRecord(frame.payload) ? frame.payload : {};
+  const options = isRecord(payload.options) ? payload.options : {};
+  return { ...frame, payload: { ...payload, options: { ...options, resent: true } } };
+}
+
+/**
  * Resume a session on an open transport: `initialize` with `resume` and the first
  * initialize's `hello` (agent, features). On success `attach` gets the new resume
  * token and runs before any later message is read (the results that waited come
  * next); the initialize-result goes nowhere else.
  * @param {Transport} transport
  * @param {Record<string, any>} hello
- * @param {{sessionId: string | null, token: string | null}} session
+ * @param {{sessionId: string | null, token: string | null, awaiting?: string[]}} session
+ *   `awaiting`: the callIds sent and still waiting for their answer.
  * @param {(resumeToken: string | null) => void} attach
- * @returns {Promise<{resumed?: true, error?: WireError, closed?: CloseInfo}>} `error`
- *   when the app refused the resume or the credential; `closed` when the transport
- *   closed first for another reason.
+ * @returns {Promise<ResumeOutcome>}
  */
 export function resumeOn(transport, hello, session, attach) {
   return new Promise((resolve) => {
@@ -946,13 +993,17 @@ export function resumeOn(transport, hello, session, attach) {
         return;
       }
       attach(typeof reply.resumeToken === "string" ? reply.resumeToken : null);
-      resolve({ resumed: true });
+      const held = Array.isArray(reply.heldCalls) ? reply.heldCalls.map(String) : undefined;
+      resolve(held === undefined ? { resumed: true } : { resumed: true, heldCalls: held });
     };
     transport.onclose = (info) => {
       const refused = refusalError(info.code, info.reason, notice);
       resolve(refused === null ? { closed: info } : { error: refused });
     };
-    const payload = { ...hello, resume: { sessionId: session.sessionId, token: session.token } };
+    /** @type {Record<string, any>} */
+    const resume = { sessionId: session.sessionId, token: session.token };
+    if (session.awaiting?.length) resume.awaiting = session.awaiting;
+    const payload = { ...hello, resume };
     transport.send(envelope(MessageType.INITIALIZE, payload, id)).catch(() => {}); // its close answers
   });
 }
