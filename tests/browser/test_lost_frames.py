@@ -75,8 +75,9 @@ def lossy(page: Page) -> LossySocket:
 
 
 def one_job(session_id: uuid.UUID | str, call_id: str) -> Job:
+    session = uuid.UUID(str(session_id))
     jobs = orm_eventually(
-        lambda: list(Job.objects.filter(session_id=session_id, call_id=call_id)) or None
+        lambda: list(Job.objects.filter(session_id=session, call_id=call_id)) or None
     )
     assert len(jobs) == 1, jobs
     return jobs[0]
