@@ -896,6 +896,25 @@ def test_a_resumed_session_gets_the_result_as_abp_result_once(stack: Stack) -> N
     assert AgentSession.objects.get(pk=session_id).door == "rpc"
 
 
+def test_a_resume_lists_the_held_calls_and_a_resent_call_runs_once(stack: Stack) -> None:
+    three_seconds = {"steps": 150, "stepMs": 20}
+    session_id, token, call_id, _ = dropped_with_a_call(stack, three_seconds)
+    with RpcAgent(rpc_url(stack.ws_url)) as second:
+        result = second.start(resume=(session_id, token), awaiting=[call_id, "never-sent"])
+        assert result["_meta"]["abp/heldCalls"] == [call_id]
+        params = {"capability": "test.sleep", "params": {"steps": 1}, "callId": "never-sent"}
+        sent = second.request("_abp/call", {**params, "_meta": {"abp/resent": True}})
+        assert second.response(sent, timeout=15)["result"]["callId"] == "never-sent"
+        # The call it holds, sent again: adopted, not run twice, answered once.
+        again = {"capability": "test.sleep", "params": three_seconds, "callId": call_id}
+        second.request("_abp/call", {**again, "_meta": {"abp/resent": True}})
+        assert second.notification("_abp/result", timeout=15)["params"]["callId"] == call_id
+        second.drain(0.5)
+        assert len(second.notifications("_abp/result")) == 1
+    assert Job.objects.filter(session_id=session_id, call_id=call_id).count() == 1
+    assert Job.objects.filter(session_id=session_id, call_id="never-sent").count() == 1
+
+
 def test_abp_cancel_reaches_a_call_adopted_by_a_resume(stack: Stack) -> None:
     session_id, token, call_id, request_id = dropped_with_a_call(stack, LONG)
     with RpcAgent(rpc_url(stack.ws_url)) as second:

@@ -205,6 +205,7 @@ class RpcAgent:
         *,
         notifications: bool | None = None,
         resume: tuple[uuid.UUID | str, str] | None = None,
+        awaiting: list[str] | None = None,
         request_id: Any = None,
     ) -> Message:
         """Send `initialize` (optionally resuming) and return its whole response."""
@@ -213,6 +214,8 @@ class RpcAgent:
             meta["abp/notifications"] = notifications
         if resume is not None:
             meta["abp/resume"] = {"sessionId": str(resume[0]), "token": resume[1]}
+            if awaiting is not None:
+                meta["abp/resume"]["awaiting"] = awaiting
         params: dict[str, Any] = {
             "protocolVersion": 1,
             "clientInfo": {"name": "rpc-test-agent", "version": "1.0"},
