@@ -133,12 +133,15 @@ class Injector:
         kind, topology = fault.kind, self.stack.topology
         if kind in (Kind.CHILD_KILL, Kind.CHILD_TERM):
             sig = signal.SIGKILL if kind is Kind.CHILD_KILL else signal.SIGTERM
-            children = psutil.Process(topology.workers[fault.target].pid).children()
-            if not children:
-                return "no child to signal"
-            child = self.rng.choice(children)
-            os.kill(child.pid, sig)
-            return f"child pid {child.pid}"
+            for _ in range(5):  # a child may be replaced between the listing and the signal
+                children = psutil.Process(topology.workers[fault.target].pid).children()
+                if children:
+                    child = self.rng.choice(children)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, sig)
+                        return f"child pid {child.pid}"
+                time.sleep(0.5)
+            return "no child to signal"
         if kind in (Kind.WORKER_KILL, Kind.WORKER_TERM):
             worker = topology.workers[fault.target]
             return self._restart(

@@ -57,6 +57,7 @@ class Ledger:
         self.ops: list[Op] = []
         self.counts: Counter[str] = Counter()  # per door: calls, cancels, answers, drops
         self._serial = itertools.count(1)
+        self.sessions: dict[str, list[str]] = {}  # session id -> notes
 
     def now(self) -> float:
         """Seconds since the run started."""
@@ -76,6 +77,10 @@ class Ledger:
     def note(self, op: Op, text: str) -> None:
         """Add a line to a call's timeline."""
         op.timeline.append((self.now(), text))
+
+    def note_session(self, session: str, text: str) -> None:
+        """Keep a line about a session (a refused resume's attempts) for the report."""
+        self.sessions.setdefault(session, []).append(text)
 
     def count(self, door: str, what: str, n: int = 1) -> None:
         """Count something a door did."""

@@ -107,6 +107,9 @@ def text(report: dict[str, Any]) -> list[str]:
             f"{k} {v}" for k, v in sorted(figures["outcomes"].items())))  # fmt: skip
         for why, count in figures.get("told", {}).items():
             lines.append(f"            told {count}x: {why}")
+    for session, notes in report.get("sessions_refused", {}).items():
+        lines.append(f"   resume refused, session {session}; its last attempts:")
+        lines += [f"      {note}" for note in notes]
     lines.append("== faults")
     for kind, entry in report["faults_by_kind"].items():
         recover = entry["seconds_to_recover"]

@@ -115,6 +115,7 @@ class RowWatch:
         self.counts.append((at, len(rows)))
         if db_now is None:
             return
+        self._check_bound(at, db_now)
         for job_id, history in self.jobs.items():
             if job_id in seen or history.gone_at is not None:
                 continue
@@ -136,8 +137,23 @@ class RowWatch:
             elif stopped is not None and (stopped - settled).total_seconds() > STOP_GRACE_SECONDS:
                 ran = (stopped - settled).total_seconds()
                 self._flag("work after its settle", at, row, f"stopped {ran:.1f} s after it")
-        if settled is not None and (now - settled).total_seconds() > self.bound:
-            self._flag("kept past retention", at, row, f"settled {now - settled} ago")
+
+    def _check_bound(self, at: float, now: datetime) -> None:
+        """Rows settled longer ago than the bound: one finding a minute, with the oldest."""
+        kept = [
+            h.row for h in self.jobs.values()
+            if h.gone_at is None and h.row["settled_at"] is not None
+            and (now - h.row["settled_at"]).total_seconds() > self.bound
+        ]  # fmt: skip
+        if kept:
+            oldest = min(kept, key=lambda row: row["settled_at"])
+            age = (now - oldest["settled_at"]).total_seconds()
+            detail = (
+                f"{len(kept)} rows kept past {self.bound:g} s; the oldest settled {age:.0f} s ago"
+            )
+            self._flag(
+                "kept past retention", at, {**oldest, "id": f"minute {int(at // 60)}"}, detail
+            )
 
     def _flag(self, kind: str, at: float, row: dict[str, Any], detail: str) -> None:
         if (kind, row["id"]) in self._flagged:

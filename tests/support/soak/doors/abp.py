@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
 from tests.support import fleet
 from tests.support.soak import plan
 from tests.support.soak.doors import resend
@@ -40,6 +42,7 @@ class SoakAgent(fleet.AgentSession):
         self.timeouts: dict[str, int] = {}
         self.gone = asyncio.Event()  # the session failed: its agent was told why
         self.refusal = ""  # what the server said when it refused the key
+        self.attempts: list[str] = []  # every resume attempt, how it ended
         self._cancels: set[asyncio.Task[None]] = set()
 
     # -- resuming: see resend.py ----------------------------------------------------------
@@ -111,7 +114,24 @@ class SoakAgent(fleet.AgentSession):
     async def _attach(self, url: str, *, resume: bool) -> None:
         if resume and self.refusal:
             raise fleet.SessionRefused(self.refusal)
-        await super()._attach(url, resume=resume)
+        if not resume:
+            await super()._attach(url, resume=resume)
+            return
+        # Each resume attempt and how it ended: the evidence when one is refused.
+        try:
+            await super()._attach(url, resume=resume)
+        except (
+            OSError,
+            ConnectionClosed,
+            InvalidHandshake,
+            TimeoutError,
+            fleet.SessionRefused,
+        ) as e:
+            self.attempts.append(
+                f"{self.ledger.now():.3f} resume failed: {type(e).__name__}: {e}"[:200]
+            )
+            raise
+        self.attempts.append(f"{self.ledger.now():.3f} resumed")
 
     async def _recover(self) -> None:
         for op in self.unanswered():
@@ -119,6 +139,9 @@ class SoakAgent(fleet.AgentSession):
         await super()._recover()
         if self.failure:
             self.gone.set()
+            self.ledger.count(self.door, "sessions refused a resume")
+            for attempt in self.attempts[-4:]:
+                self.ledger.note_session(self.session_id, attempt)
             for op in self.unanswered():
                 op.told = self.failure
                 self.ledger.note(op, f"told: {self.failure}")
@@ -210,7 +233,7 @@ async def revoked_lane(keys: Keys, ctx: Lane, agents_made: list[SoakAgent]) -> N
         agents_made.append(agent)
         try:
             await agent.open()
-        except (fleet.SessionRefused, OSError) as refused:
+        except (fleet.SessionRefused, OSError, InvalidHandshake, TimeoutError) as refused:
             ledger.count(DOOR, f"revocable session not opened: {type(refused).__name__}")
             await asyncio.sleep(5)
             continue
