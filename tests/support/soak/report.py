@@ -107,8 +107,8 @@ def text(report: dict[str, Any]) -> list[str]:
             f"{k} {v}" for k, v in sorted(figures["outcomes"].items())))  # fmt: skip
         for why, count in figures.get("told", {}).items():
             lines.append(f"            told {count}x: {why}")
-    for session, notes in report.get("sessions_refused", {}).items():
-        lines.append(f"   resume refused, session {session}; its last attempts:")
+    for session, notes in report.get("sessions", {}).items():
+        lines.append(f"   session {session}:")
         lines += [f"      {note}" for note in notes]
     lines.append("== faults")
     for kind, entry in report["faults_by_kind"].items():

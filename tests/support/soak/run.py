@@ -93,7 +93,7 @@ async def soak(stack: SoakStack, options: Options, faults: list[Fault]) -> Outco
         memory=memory.slopes(samples), rows=rows,
     )  # fmt: skip
     found["memory"]["samples"] = len(samples)
-    found["sessions_refused"] = ledger.sessions
+    found["sessions"] = ledger.sessions  # refused resumes' attempts, revocations
     found["harness_errors"] = [f"a lane crashed: {type(e).__name__}: {e}"[:300] for e in crashed]
     if options.keep_ops:
         found["ops"] = [dataclasses.asdict(op) for op in ledger.ops]

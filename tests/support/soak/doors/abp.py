@@ -247,12 +247,18 @@ async def revoked_lane(keys: Keys, ctx: Lane, agents_made: list[SoakAgent]) -> N
         for attempt in range(5):  # a fault may have the command fail: try again
             try:
                 await keys.revoke(key)
+                ledger.note_session(agent.session_id, f"{ledger.now():.3f} key revoked")
                 break
-            except RuntimeError:
+            except RuntimeError as failed:
+                why = str(failed).strip().splitlines()[-1:] or [""]
+                ledger.note_session(agent.session_id, f"{ledger.now():.3f} revoke failed: {why[0]}")
                 await asyncio.sleep(2.0 * (attempt + 1))
         ledger.count(DOOR, "keys revoked")
         try:  # told, or given up trying to resume (fleet.py: 40 tries)
             await asyncio.wait_for(agent.gone.wait(), 90)
         except TimeoutError:
             ledger.count(DOOR, OUTLIVED)
+            ledger.note_session(
+                agent.session_id, f"{ledger.now():.3f} still open 90 s after its key was revoked"
+            )
         await agent.close()
