@@ -15,12 +15,15 @@ from celery.concurrency import get_implementation
 from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.signals import (
     task_failure,
+    task_postrun,
+    task_prerun,
     task_revoked,
     worker_init,
     worker_process_init,
     worker_ready,
     worker_shutdown,
 )
+from django.db import close_old_connections, connections
 
 from capabilities.calls import cancellation
 from capabilities.jobs import lifecycle, queue, retention
@@ -101,6 +104,21 @@ worker_ready.connect(presence.announce)
 worker_shutdown.connect(presence.withdraw)
 
 
+@worker_init.connect
+def _check_connections_before_use(**_: Any) -> None:
+    # Celery keeps a task's connection for the next (CELERY_DB_REUSE_MAX): one that a
+    # PostgreSQL restart broke would fail every later task. Checked (one round trip)
+    # before each task's first query instead, and replaced if the server dropped it.
+    for database in connections.settings.values():
+        database["CONN_HEALTH_CHECKS"] = True
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _fresh_connections(**_: Any) -> None:
+    close_old_connections()
+
+
 @worker_process_init.connect
 def _prepare_child(**_: Any) -> None:
     # Each prefork child caps its own memory first (the main process, which forks
@@ -120,6 +138,7 @@ def _on_failure(
     # Runs in the worker's main process when a child died under a task: the job's
     # agent is answered now rather than when its heartbeat goes stale.
     lost = getattr(sender, "name", None) == run_job.name and isinstance(exception, WorkerLostError)
+    close_old_connections()  # the main process's own, perhaps idle since a restart
     if lost and task_id is not None and cancellation.fail_lost(task_id):
         logger.warning("Job %s lost with its worker process", task_id)
 
@@ -132,6 +151,7 @@ def _on_revoked(
     if request is None or getattr(request, "task", None) != run_job.name:
         return
     job_id = str(request.id)
+    close_old_connections()
     if terminated:
         lifecycle.record_stopped(job_id, hard_killed=True)
         logger.warning("Job %s hard-killed after ignoring its cancel", job_id)
