@@ -10,6 +10,7 @@ fails before its job starts (found by the soak, docs/reliability.md).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ HEAVY = {"steps": 5, "stepMs": 20, "echo": "heavy"}
 SMALL = {"markdown": "# small"}
 
 
-def answered(agent: Agent, capability: str, params: dict[str, object], call_id: str) -> bool:
+def answered(agent: Agent, capability: str, params: dict[str, Any], call_id: str) -> bool:
     """Whether the call succeeds, made again (a new callId) after a retryable refusal.
 
     The web process's own connection may be the broken one: its first call after the
