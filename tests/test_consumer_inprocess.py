@@ -27,6 +27,7 @@ from django.test import override_settings
 
 from capabilities.access import agent_keys
 from capabilities.calls import availability, budgets, start
+from capabilities.calls.availability import AVAILABILITY_GROUP
 from capabilities.jobs import lifecycle, notes, workers
 from capabilities.models import AgentSession, Job, JobStatus, session_group
 from capabilities.protocol import replies
@@ -640,5 +641,57 @@ def test_a_second_cancel_of_a_call_cancelled_before_its_row_finds_the_row(key: s
             assert again == {"callId": "c-1", "cancelled": True}
             assert first != second
             await agent.disconnect()
+
+    run(scenario)
+
+
+async def resume(agent: Agent, session_id: str, token: str) -> Envelope:
+    message_id = await agent.send(
+        "initialize",
+        {"agent": {"name": "in-process"}, "resume": {"sessionId": session_id, "token": token}},
+    )
+    return await agent.reply_to(message_id)
+
+
+def test_a_resume_that_fails_on_the_channel_layer_leaves_the_token_working(key: str) -> None:
+    async def scenario() -> None:
+        first = Agent(key)
+        await first.connect()
+        opened = (await first.initialize())["payload"]
+        session_id, token = opened["sessionId"], opened["resumeToken"]
+        await first.disconnect(1006)
+
+        # Redis restarting under the resume: the layer fails it, the socket closes.
+        layer = get_channel_layer()
+        real_group_add = layer.group_add
+
+        async def group_add(group: str, channel: str) -> None:
+            if group == AVAILABILITY_GROUP:  # the session's own group was joined fine
+                raise ConnectionError("Redis is restarting")
+            await real_group_add(group, channel)
+
+        failing = mock.AsyncMock(side_effect=group_add)
+        second = Agent(key)
+        await second.connect()
+        with mock.patch.object(layer, "group_add", failing):
+            await second.send(
+                "initialize",
+                {
+                    "agent": {"name": "in-process"},
+                    "resume": {"sessionId": session_id, "token": token},
+                },
+            )
+            with contextlib.suppress(Exception):
+                await second.ws.wait(timeout=TIMEOUT)
+        assert failing.await_count >= 1
+
+        # Back: the same token still resumes the session.
+        third = Agent(key)
+        await third.connect()
+        reply = (await resume(third, session_id, token))["payload"]
+        assert "error" not in reply, reply
+        assert reply["sessionId"] == session_id
+        assert reply["heldCalls"] == []
+        await third.disconnect(1006)
 
     run(scenario)

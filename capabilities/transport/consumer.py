@@ -329,22 +329,32 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             group = session_group(action.session_id)
         except ValueError:
             return self.session.resume_refused(resumption.invalid().error)
-        # Joined before the session's jobs are read: no settle falls in between.
-        await self.channel_layer.group_add(group, self.channel_name)
+        # Joined before the session's jobs are read: no settle falls in between. And
+        # before its token turns: a resume failing after that (Redis restarting) would
+        # leave the agent with a token that no longer works.
+        await self.listen(group)
         replacement = resumption.new_token()
         try:
             actions = await self.io.resume(action, replacement)
         except resumption.ResumeRefused as refused:
             await self.channel_layer.group_discard(group, self.channel_name)
             return self.session.resume_refused(refused.error)
-        await self.join(action.session_id)
+        self.hold(action.session_id)
         return actions
 
     async def join(self, session_id: str) -> None:
         """Hold the session here, and hear its notes."""
-        self.group = session_group(session_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.listen(session_group(session_id))
+        self.hold(session_id)
+
+    async def listen(self, group: str) -> None:
+        """Hear the session's notes, and workers coming and going."""
+        await self.channel_layer.group_add(group, self.channel_name)
         await self.channel_layer.group_add(AVAILABILITY_GROUP, self.channel_name)
+
+    def hold(self, session_id: str) -> None:
+        """The session is this connection's."""
+        self.group = session_group(session_id)
         held_sessions.hold(self.channel_name, session_id)
 
     # -- notes from workers, the reaper, the admin, other connections ----------------

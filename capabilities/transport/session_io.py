@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.db import transaction
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
@@ -106,13 +107,15 @@ class SessionIO:
     def _resume(
         self, action: ResumeSession, replacement: str
     ) -> tuple[resumption.Resumed, list[tuple[CallRecord, dict[str, Any]]]]:
-        resumed = resumption.resume(
-            action.session_id, action.token, self.principal, replacement, action.awaiting
-        )
-        again = [
-            (record_of(job), results.call_response(job, base_url=self.base_url))
-            for job in resumed.again
-        ]
+        # One transaction: the token turns only if the answers to send are all there.
+        with transaction.atomic():
+            resumed = resumption.resume(
+                action.session_id, action.token, self.principal, replacement, action.awaiting
+            )
+            again = [
+                (record_of(job), results.call_response(job, base_url=self.base_url))
+                for job in resumed.again
+            ]
         return resumed, again
 
     async def start_call(
