@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from django.db import DatabaseError
 
 from capabilities.calls import job_writes, session_records
 from capabilities.jobs import lifecycle
 from capabilities.jobs.notes import Note
 from capabilities.models import Job, session_group
+
+logger = logging.getLogger(__name__)
 
 # A call with no note for this long looks in the database for its outcome.
 QUIET_SECONDS = 5.0
@@ -111,9 +115,14 @@ class CallWatch:
                 if kind not in ("job.settled", "job.returned") or not mine:
                     continue
                 response = note.get("response")
-            claimed = await database_sync_to_async(session_records.claim_response)(
-                job_id, base_url, response, inline_max_bytes=inline_max_bytes
-            )
+            try:
+                claimed = await database_sync_to_async(session_records.claim_response)(
+                    job_id, base_url, response, inline_max_bytes=inline_max_bytes
+                )
+            except DatabaseError:
+                # PostgreSQL restarting: the job goes on, and so does the wait for it.
+                logger.warning("Could not read call %s's outcome yet; trying again", call_id)
+                continue
             if isinstance(claimed, dict):
                 return claimed
             if claimed is session_records.NotClaimed.DELIVERED_ELSEWHERE:
