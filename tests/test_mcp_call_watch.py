@@ -12,6 +12,7 @@ import pytest
 from django.db import OperationalError
 from django.test import override_settings
 
+from capabilities.calls import session_records
 from capabilities.jobs import notes
 from capabilities.mcp_door import call_watch
 from capabilities.models import Job, session_group
@@ -43,7 +44,7 @@ def test_the_wait_outlasts_a_database_that_is_restarting() -> None:
             return await watch.outcome(job, base_url="http://testserver")
 
     with (
-        mock.patch.object(call_watch.session_records, "claim_response", claim_response),
+        mock.patch.object(session_records, "claim_response", claim_response),
         mock.patch.object(call_watch, "QUIET_SECONDS", 0.05),
     ):
         assert asyncio.run(scenario()) == answer
