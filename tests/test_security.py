@@ -137,6 +137,34 @@ def test_revoking_a_key_closes_its_connections_and_answers_their_calls(stack: St
         assert bystander.result_of(bystander_call)["payload"]["success"] is True
 
 
+def test_a_revocation_left_half_done_is_finished_by_the_reaper(stack: Stack) -> None:
+    key = new_key()
+    with Agent(stack.ws_url, key=key) as agent:
+        agent.initialize()
+        call = agent.call("test.sleep", {"steps": 500}, call_id="long")
+        wait_running(agent, "long")
+        # Redis restarting as the key is revoked: neither the cancel's abort nor the
+        # connections hear of it, and the call stays running.
+        with (
+            mock.patch("capabilities.calls.cancellation.cancel"),
+            mock.patch("capabilities.jobs.notes.notify_group", return_value=False),
+        ):
+            revoked = key_revocation.revoke(
+                AgentKey.objects.filter(prefix=agent_keys.prefix_of(key))
+            )
+        assert revoked == 1
+        assert Job.objects.get(session_id=agent.session_id, call_id="long").status == (
+            JobStatus.RUNNING
+        )
+        # The beat's reaper (every 0.5 s here) finishes it.
+        result = agent.result_of(call, timeout=30)["payload"]
+        assert result["cancelled"] is True
+        assert_refused(agent, "key-revoked", 4403)
+        job = wait_stopped(agent, "long")
+        assert job.cancel_source == CancelSource.OPERATOR
+    eventually(lambda: key_revocation.finish_revocations() == 0)
+
+
 def test_disallowed_browser_origin_is_refused_at_the_upgrade(stack: Stack) -> None:
     for origin in ("https://evil.example", "http://localhost:1234", "null"):
         with pytest.raises(InvalidStatus) as refused:

@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from capabilities.calls import cancellation, resumption
+from capabilities.calls import cancellation, key_revocation, resumption
 from capabilities.jobs import dispatch, queue
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 
@@ -52,6 +52,7 @@ def reap() -> None:
             logger.warning("Job %s lost its worker (last heartbeat %s)", job_id, last_seen)
     resumption.expire_abandoned()
     resumption.nudge_undelivered()
+    key_revocation.finish_revocations()
     # Behind every other trigger: jobs whose message was lost, and any slot a
     # pump missed (a process that died between a settle and its pump).
     dispatch.redispatch_stale()
