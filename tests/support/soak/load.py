@@ -113,8 +113,14 @@ class Load:
 
 def _key_maker(stack: SoakStack) -> Callable[[], Awaitable[tuple[fleet.Fleet, str]]]:
     async def make() -> tuple[fleet.Fleet, str]:
-        key = await asyncio.to_thread(stack.topology.create_key, f"soak-revocable-{time.time_ns()}")
-        return fleet.Fleet([stack.ws_url], key), key
+        while True:  # a fault (PostgreSQL down) may have the command fail: try again
+            try:
+                name = f"soak-revocable-{time.time_ns()}"
+                key = await asyncio.to_thread(stack.topology.create_key, name)
+            except RuntimeError:
+                await asyncio.sleep(2.0)
+                continue
+            return fleet.Fleet([stack.ws_url], key), key
 
     return make
 
