@@ -113,14 +113,17 @@ class Load:
 
 def _key_maker(stack: SoakStack) -> Callable[[], Awaitable[tuple[fleet.Fleet, str]]]:
     async def make() -> tuple[fleet.Fleet, str]:
-        while True:  # a fault (PostgreSQL down) may have the command fail: try again
+        for attempt in range(30):  # a fault (PostgreSQL down) may have the command fail
             try:
                 name = f"soak-revocable-{time.time_ns()}"
                 key = await asyncio.to_thread(stack.topology.create_key, name)
             except RuntimeError:
+                if attempt == 29:
+                    raise
                 await asyncio.sleep(2.0)
                 continue
             return fleet.Fleet([stack.ws_url], key), key
+        raise AssertionError("unreachable")
 
     return make
 
