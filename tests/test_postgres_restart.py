@@ -69,5 +69,14 @@ def test_calls_run_after_postgresql_restarts_under_the_workers(tmp_path: Path) -
                 for mode in ("fast", "immediate"):
                     server.restart(mode)
                     assert heavy_and_small(agent, mode) == [True, True]
+                # A run the restart falls in the middle of: its progress writes fail,
+                # the work goes on, and its end is written once the server is back.
+                across = {"steps": 150, "stepMs": 20, "echo": "across"}
+                message_id = agent.call("test.sleep", across, progress_token="across")
+                agent.wait_for(lambda e: e["type"] == "progress", timeout=30)
+                server.restart("immediate")
+                result = agent.result_of(message_id, timeout=60)["payload"]
+                assert result["success"] is True, result
+                assert result["data"]["echo"] == "across"
     finally:
         server.remove()

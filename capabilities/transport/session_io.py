@@ -7,10 +7,11 @@ the call service and returns the session's answer to what it found.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
@@ -43,6 +44,8 @@ from capabilities.session.actions import (
     StartCall,
 )
 from capabilities.session.machine import Session
+
+logger = logging.getLogger(__name__)
 
 
 def record_of(job: Job) -> CallRecord:
@@ -181,9 +184,15 @@ class SessionIO:
 
     async def claim_result(self, action: ClaimResult) -> list[Action]:
         """Claim the sending of a settled call's result."""
-        claimed = await database_sync_to_async(session_records.claim_response)(
-            action.job_id, self.base_url, action.response
-        )
+        try:
+            claimed = await database_sync_to_async(session_records.claim_response)(
+                action.job_id, self.base_url, action.response
+            )
+        except (OperationalError, InterfaceError):
+            # PostgreSQL restarting. Unclaimed, the result is announced again by the
+            # reaper's nudge (resumption.nudge_undelivered) and claimed then.
+            logger.warning("Could not claim job %s's result yet", action.job_id)
+            return []
         if claimed is session_records.NotClaimed.STILL_ACTIVE:
             return self.session.result_claimed(action, machine.STILL_ACTIVE)
         if claimed is session_records.NotClaimed.DELIVERED_ELSEWHERE:

@@ -24,7 +24,7 @@ from capabilities.work import runs
 from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import File, JobAborted
 from capabilities.work.context_base import ContextBase
-from capabilities.worker import memory_limit
+from capabilities.worker import memory_limit, outages
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,14 @@ class WorkerContext(ContextBase):
             self._last_db_write = now
             with self._unsaved_lock:
                 self._unsaved = None
-            lifecycle.record_progress(self.job_id, report)
+            try:
+                lifecycle.record_progress(self.job_id, report)
+            except (db.OperationalError, db.InterfaceError):
+                # The database restarting: the work goes on, the heartbeat writes it later.
+                logger.warning("Could not record job %s's progress yet", self.job_id)
+                db.close_old_connections()
+                with self._unsaved_lock:
+                    self._unsaved = report
 
     def take_unsaved_progress(self) -> lifecycle.Progress | None:
         """The last report the interval kept out of the DB, if any (now taken)."""
@@ -186,7 +193,7 @@ def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
         outcome = _run(job, context, interrupter)
     except JobAborted:
         # Raised at a checkpoint or into the thread: the cancel already settled it.
-        lifecycle.record_stopped(job_id)
+        outages.written(lambda: lifecycle.record_stopped(job_id), f"job {job_id} stopped")
         context.discard_files()
         logger.info("Job %s stopped on cancel", job_id)
         return
@@ -194,7 +201,11 @@ def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
         outcome = lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "Celery soft time limit")
     finally:
         inputs.discard(job_id, job.spilled)
-    if not finished.settle_and_tell(job, outcome, results.inline_response(job, outcome)):
+    response = results.inline_response(job, outcome)
+    settled = outages.written(
+        lambda: finished.settle_and_tell(job, outcome, response), f"job {job_id} settled"
+    )
+    if not settled:
         context.discard_files()
 
 
