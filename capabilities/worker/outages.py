@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from django import db
-from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
@@ -20,16 +19,19 @@ T = TypeVar("T")
 
 FIRST_WAIT_SECONDS = 0.25
 LONGEST_WAIT_SECONDS = 2.0
+# A restart takes seconds; past this the error is raised and the reaper answers the job.
+GIVE_UP_AFTER_SECONDS = 60.0
 
 
 def written(write: Callable[[], T], what: str) -> T:
-    """`write()`, tried again while the database does not answer.
+    """`write()`, tried again while the database does not answer, for up to a minute.
 
-    For up to WORKER_LOST_AFTER_SECONDS: past that the reaper answers the job
-    WORKER_LOST, and the error is raised. Settles and stop records are conditional
-    updates, so a write that did land before its connection broke is harmless again.
+    Meanwhile the job stays this process's: its heartbeat (written again once the
+    database is back) keeps the reaper from calling its worker lost. Settles and stop
+    records are conditional updates, so a write that did land before its connection
+    broke is harmless again.
     """
-    give_up_at = time.monotonic() + float(settings.ABP["WORKER_LOST_AFTER_SECONDS"])
+    give_up_at = time.monotonic() + GIVE_UP_AFTER_SECONDS
     wait = FIRST_WAIT_SECONDS
     while True:
         try:
