@@ -26,6 +26,7 @@ def in_memory_layer() -> Iterator[None]:
         yield
 
 
+@pytest.mark.usefixtures("database")
 def test_the_wait_outlasts_a_database_that_is_restarting() -> None:
     session_id = str(uuid.uuid4())
     job = Job(id=uuid.uuid4(), call_id="c-1")
