@@ -164,14 +164,14 @@ def resume(
 
 
 def _answered_among(session: AgentSession, call_ids: tuple[str, ...]) -> list[Job]:
-    """The session's answered calls among `call_ids`, oldest first."""
-    answered: list[Job] = []
-    for start in range(0, len(call_ids), BATCH_UPDATE):
-        chunk = call_ids[start : start + BATCH_UPDATE]
-        answered += Job.objects.filter(
-            session=session, call_id__in=chunk, delivered_at__isnull=False
-        )
-    return sorted(answered, key=lambda job: job.created_at)
+    """The session's answered calls among `call_ids` (at most codec.MAX_AWAITING), oldest first."""
+    if not call_ids:
+        return []
+    return list(
+        Job.objects.filter(
+            session=session, call_id__in=call_ids, delivered_at__isnull=False
+        ).order_by("created_at")
+    )
 
 
 def detach(session_id: str, generation: int) -> None:

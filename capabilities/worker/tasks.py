@@ -15,7 +15,6 @@ from celery.concurrency import get_implementation
 from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.signals import (
     task_failure,
-    task_postrun,
     task_prerun,
     task_revoked,
     worker_init,
@@ -114,7 +113,6 @@ def _check_connections_before_use(**_: Any) -> None:
 
 
 @task_prerun.connect
-@task_postrun.connect
 def _fresh_connections(**_: Any) -> None:
     close_old_connections()
 
