@@ -13,6 +13,7 @@ import uuid
 from functools import partial
 from typing import Any
 
+import kombu.exceptions
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -49,7 +50,9 @@ def principal(**limits: int) -> Principal:
     return Principal(kind="key", key=key, client_address="127.0.0.1")
 
 
-def new_job(who: Principal, session_id: str, call_id: str) -> job_writes.NewJob:
+def new_job(
+    who: Principal, session_id: str, call_id: str, *, run_by: str | None = LANE
+) -> job_writes.NewJob:
     return job_writes.NewJob(
         principal=who,
         job={
@@ -60,7 +63,7 @@ def new_job(who: Principal, session_id: str, call_id: str) -> job_writes.NewJob:
             "params": {"markdown": "# x"},
             "timeout_ms": 30_000,
             "progress_token": None,
-            "run_by": LANE,
+            "run_by": run_by,
         },
     )
 
@@ -189,6 +192,26 @@ def test_a_reused_call_id_fails_its_own_start_and_no_other(
         "b",
         "c",
     ]
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["alone", "batched"])
+def test_a_start_whose_hand_over_fails_once_written_is_taken_not_refused(
+    session_id: str, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    # The broker (or Redis) fails after the commit: the row stands, so refusing the
+    # call would answer its agent twice (once now, once when the sweep sends it).
+    def broker_down(job: Job) -> None:
+        raise kombu.exceptions.OperationalError("Error 111 connecting to the broker")
+
+    monkeypatch.setattr("capabilities.jobs.dispatch.may_go_now", lambda *args: True)
+    monkeypatch.setattr("capabilities.jobs.dispatch.created", broker_down)
+    who = principal()
+    items = [new_job(who, session_id, f"c-{n}", run_by=None) for n in range(count)]
+    written = job_writes._create_all(items)
+    assert [job.call_id for job in written if isinstance(job, Job)] == [
+        f"c-{n}" for n in range(count)
+    ]
+    assert Job.objects.filter(session_id=uuid.UUID(session_id)).count() == count
 
 
 # -- settles -------------------------------------------------------------------------------

@@ -140,10 +140,13 @@ def create_job(
         row_inserts.insert(job)
     except IntegrityError as exc:
         raise CallIdInUse(call_id) from exc
+    # Robust: the row is committed, so the call is taken. A broker or Redis error past
+    # that must not refuse it (its agent would be answered twice); a job handed over
+    # and never sent is sent again by the sweep, one never handed over by the pump.
     if events.enabled():
-        transaction.on_commit(lambda: _log_created(job))
+        transaction.on_commit(lambda: _log_created(job), robust=True)
     if settled is None and run_by is None:
-        transaction.on_commit(lambda: dispatch.created(job))
+        transaction.on_commit(lambda: dispatch.created(job), robust=True)
     return job
 
 
