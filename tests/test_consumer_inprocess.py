@@ -161,6 +161,31 @@ def test_a_connection_without_a_credential_is_told_why_then_closed_with_4401() -
         run(scenario)
 
 
+def test_a_refusal_that_needs_no_database_is_not_held_up_by_its_thread() -> None:
+    # A busy database thread must not hold a handshake past Daphne's timeout (5 s),
+    # nor can a flood of credential-less connections queue on it.
+    busy = threading.Event()
+
+    async def scenario() -> None:
+        holding = asyncio.ensure_future(database_sync_to_async(busy.wait)(TIMEOUT * 2))
+        agents = [Agent(key=presented) for presented in (None, "abp-page-not-a-token")]
+        try:
+            for agent in agents:
+                await agent.connect()
+                note = await agent.receive()
+                assert note["payload"]["data"]["details"]["closeCode"] == 4401
+                assert await agent.closed_with() == 4401
+            assert not holding.done()
+        finally:
+            busy.set()
+            await holding
+        for agent in agents:  # Channels' own clean-up after a close does use the thread
+            await agent.disconnect(4401)
+
+    with override_settings(ABP={**settings.ABP, "ALLOW_ANONYMOUS": False}):
+        run(scenario)
+
+
 def test_an_unknown_key_is_refused_with_4401(database: None) -> None:
     async def scenario() -> None:
         agent = Agent(key="abp_nosuchkey_" + "x" * 43)

@@ -8,9 +8,11 @@ subprotocol `abp.bearer.<credential>` (browsers cannot set headers; they offer
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 
 from capabilities.access import agent_keys, page_tokens
@@ -30,22 +32,22 @@ class Refused(Exception):
         self.reason = reason
 
 
-def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
+def _headers(scope: Mapping[str, Any]) -> dict[bytes, bytes]:
     return {name.lower(): value for name, value in scope.get("headers", [])}
 
 
-def origin_of(scope: dict[str, Any]) -> str:
+def origin_of(scope: Mapping[str, Any]) -> str:
     """The Origin header ('' when the client sent none: not a browser)."""
     return _headers(scope).get(b"origin", b"").decode("latin-1")
 
 
-def client_address_of(scope: dict[str, Any]) -> str:
+def client_address_of(scope: Mapping[str, Any]) -> str:
     """The client's address (behind trusted proxies, the one they forwarded: `with_abp`)."""
     client = scope.get("client") or ("", 0)
     return str(client[0])
 
 
-def credential_of(scope: dict[str, Any]) -> str | None:
+def credential_of(scope: Mapping[str, Any]) -> str | None:
     """The credential the client presented, wherever it put it."""
     authorization = _headers(scope).get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, value = authorization.partition(" ")
@@ -59,18 +61,32 @@ def credential_of(scope: dict[str, Any]) -> str | None:
     return values[0] if values else None
 
 
-def selected_subprotocol(scope: dict[str, Any]) -> str | None:
+def selected_subprotocol(scope: Mapping[str, Any]) -> str | None:
     """`abp` when the client offered it (browsers require one offered to be selected)."""
     return SUBPROTOCOL if SUBPROTOCOL in (scope.get("subprotocols") or []) else None
 
 
-def key_prefix_presented(scope: dict[str, Any]) -> str | None:
+def key_prefix_presented(scope: Mapping[str, Any]) -> str | None:
     """The key prefix of a presented agent key, before it is checked."""
     presented = credential_of(scope)
     return agent_keys.prefix_of(presented) if presented else None
 
 
-def authenticate(scope: dict[str, Any]) -> Principal:
+async def authenticate_async(scope: Mapping[str, Any]) -> Principal:
+    """`authenticate`, from the event loop: the database thread only for an agent key.
+
+    Everything else (no credential, a page token, garbage) is decided on the loop, so
+    a flood of such connections never queues behind the database thread, nor is a
+    refusal late for the handshake's timeout when that thread is busy.
+    """
+    presented = credential_of(scope)
+    if presented and not unstorable(presented) and agent_keys.looks_like_key(presented):
+        principal: Principal = await database_sync_to_async(authenticate)(scope)
+        return principal
+    return authenticate(scope)
+
+
+def authenticate(scope: Mapping[str, Any]) -> Principal:
     """Who this is; Refused (with its close reason) if they may not connect."""
     address = client_address_of(scope)
     presented = credential_of(scope)

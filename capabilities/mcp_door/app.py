@@ -12,7 +12,6 @@ import asyncio
 import json
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -112,7 +111,7 @@ class MCPDoor:
 async def _authenticate(scope: Scope) -> tuple[Principal | None, Response | None]:
     """The caller, or the response refusing it (401 with why, as JSON-RPC)."""
     try:
-        principal: Principal = await database_sync_to_async(credentials.authenticate)(scope)
+        principal: Principal = await credentials.authenticate_async(scope)
     except credentials.Refused as refused:
         return None, _refusal(refused.reason)
     if principal.kind == "page":

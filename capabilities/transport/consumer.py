@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
-from channels.db import aclose_old_connections, database_sync_to_async
+from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -120,7 +120,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.channel_layer.group_add(self.key_group, self.channel_name)
         subprotocol = credentials.selected_subprotocol(self.scope)
         try:
-            principal = await database_sync_to_async(credentials.authenticate)(self.scope)
+            principal = await credentials.authenticate_async(self.scope)
         except credentials.Refused as refused:
             await self.accept(subprotocol=subprotocol)
             await self.perform(self.session.refuse(refused.reason))
@@ -144,11 +144,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         Channels makes that hop to the process's one database thread before every
         message: a cancel would queue there behind the insert of the call before it,
         and every note would pay for it. Frames other than cancels close them in
-        `receive` (at most once a second); connecting and disconnecting still do here.
+        `receive` (at most once a second), and every `database_sync_to_async` hop
+        does before its work; so a refused connect, decided on the loop
+        (`credentials.authenticate_async`), waits on that thread neither to open
+        nor to close.
         """
-        if message["type"] in ("websocket.connect", "websocket.disconnect"):
-            await super().dispatch(message)
-            return
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
