@@ -23,6 +23,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import OperationalError
 from django.test import override_settings
 
 from capabilities.access import agent_keys
@@ -196,6 +197,20 @@ def test_an_unknown_key_is_refused_with_4401(database: None) -> None:
         await agent.disconnect(4401)
 
     run(scenario)
+
+
+def test_a_key_that_cannot_be_checked_now_is_told_to_try_again_later_with_1013(
+    key: str,
+) -> None:
+    async def scenario() -> None:
+        agent = Agent(key)
+        await agent.connect()
+        assert await agent.closed_with() == 1013
+        await agent.disconnect(1013)
+
+    restarting = OperationalError("terminating connection due to administrator command")
+    with mock.patch("capabilities.access.agent_keys.find_key", side_effect=restarting):
+        run(scenario)
 
 
 # -- initialize -----------------------------------------------------------------------------

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -29,6 +31,9 @@ from capabilities.protocol import ErrorCode
 from capabilities.protocol.closes import REFUSAL_MESSAGES
 
 PATH = "/mcp"
+UNAVAILABLE_RETRY_AFTER_SECONDS = 1
+
+logger = logging.getLogger(__name__)
 
 
 def transport_security() -> TransportSecuritySettings:
@@ -114,9 +119,32 @@ async def _authenticate(scope: Scope) -> tuple[Principal | None, Response | None
         principal: Principal = await credentials.authenticate_async(scope)
     except credentials.Refused as refused:
         return None, _refusal(refused.reason)
+    except DatabaseError:
+        # The key could not be looked up (PostgreSQL restarting): try again, not a 500.
+        logger.warning("MCP request refused: the agent key could not be checked", exc_info=True)
+        return None, _unavailable()
     if principal.kind == "page":
         return None, _refusal("invalid-credentials")
     return principal, None
+
+
+def _unavailable() -> Response:
+    code, _ = jsonrpc_error(ErrorCode.INTERNAL_ERROR)
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": code,
+            "message": "The agent key could not be checked now; try again.",
+            "data": {"code": ErrorCode.INTERNAL_ERROR.value, "retryable": True},
+        },
+    }
+    return Response(
+        json.dumps(body),
+        status_code=503,
+        media_type="application/json",
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)},
+    )
 
 
 def _refusal(reason: str) -> Response:

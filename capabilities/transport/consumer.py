@@ -22,6 +22,7 @@ from channels.consumer import get_handler_name
 from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import DatabaseError
 
 from capabilities.access import agent_keys, credentials
 from capabilities.calls import (
@@ -64,6 +65,8 @@ _OVERTAKING = (CancelRequest, CancelPendingRequest)
 # Django closes stale database connections before each request; a connection checks at
 # most this often (the database thread is the process's, shared by every connection).
 CONNECTION_CHECK_SECONDS = 1.0
+# RFC 6455's "Try Again Later": the server could not check the credential now.
+TRY_AGAIN_LATER = 1013
 
 
 def _base_url_of(scope: dict[str, Any]) -> str:
@@ -124,6 +127,13 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         except credentials.Refused as refused:
             await self.accept(subprotocol=subprotocol)
             await self.perform(self.session.refuse(refused.reason))
+            return
+        except DatabaseError:
+            # The key could not be looked up (PostgreSQL restarting): 1013, try again
+            # later, which every client reconnects (or resumes) after.
+            logger.warning("Connection closed: the agent key could not be checked", exc_info=True)
+            await self.accept(subprotocol=subprotocol)
+            await self.close(code=TRY_AGAIN_LATER)
             return
         base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
         self.io = SessionIO(self.session, principal, base_url=base_url, door=self.door)
