@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -128,3 +129,18 @@ def test_an_anyio_cancel_during_the_write_leaves_no_row_open(
     assert rows_of(principal).count() == 1
     assert not rows_of(principal).filter(closed_at=None).exists()
     assert not held_sessions.held()
+
+
+def test_a_delete_for_a_session_not_open_here_is_not_remembered() -> None:
+    # Another Daphne's session, or one already gone: nothing here would ever forget it.
+    elsewhere = "0" * 31 + "1"
+    sessions.mark_ending(elsewhere)
+    assert not sessions.is_ending(str(uuid.UUID(hex=elsewhere)))
+    here = uuid.uuid4()
+    sessions._open.add(str(here))
+    try:
+        sessions.mark_ending(here.hex)
+        assert sessions.is_ending(str(here))
+    finally:
+        sessions._open.discard(str(here))
+        sessions._ending.discard(str(here))

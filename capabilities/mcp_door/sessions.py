@@ -152,11 +152,17 @@ def session_id_of(ctx: ServerRequestContext[Any, Any]) -> str | None:
 
 
 def mark_ending(mcp_session_id: str) -> None:
-    """A DELETE for this MCP session arrived (before the SDK ends it)."""
+    """A DELETE for this MCP session arrived (before the SDK ends it).
+
+    Only a session open here is marked: one this process does not serve (another
+    Daphne's, one gone) is never ended here, and would stay in the set for good.
+    """
     try:
-        _ending.add(str(uuid.UUID(hex=mcp_session_id)))
+        session_id = str(uuid.UUID(hex=mcp_session_id))
     except ValueError:
         return
+    if session_id in _open:
+        _ending.add(session_id)
 
 
 def is_ending(session_id: str) -> bool:
