@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
 
+from capabilities.jobs import lifecycle
 from capabilities.models import AgentSession, Job, JobStatus
 from capabilities.worker import reaper
 from tests.support.agent import Agent
@@ -64,3 +66,64 @@ def test_reaper_fails_a_job_whose_heartbeat_went_stale() -> None:
     assert job.error_code == "WORKER_LOST"
     assert job.error_retryable is True
     assert job.stopped_at == stale
+
+
+def test_a_child_killed_under_cancelled_work_records_when_the_work_stopped(agent: Agent) -> None:
+    # Cancelled, its work (a blocking sleep) not stopped yet, then its process dies
+    # within the grace: the job was settled already, so only its stop is recorded.
+    params = {"mode": "block", "steps": 1, "stepMs": 30_000}
+    call = agent.call("test.sleep", params, call_id="dies-cancelled")
+    job = wait_running(agent, "dies-cancelled")
+    agent.cancel("dies-cancelled")
+    assert agent.result_of(call)["payload"]["cancelled"] is True
+    os.kill(int(job.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+    stopped = Job.objects.filter(pk=job.pk, stopped_at__isnull=False)
+    eventually(stopped.exists, timeout=10)
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    assert job.hard_killed is False  # not by the reaper's kill: by the child's death
+    assert job.settled_at is not None
+    assert job.stopped_at is not None
+    assert job.stopped_at >= job.settled_at
+
+
+def cancelled_job(*, heartbeat_at: datetime | None, stopped_at: datetime | None = None) -> Job:
+    started = timezone.now() - timedelta(seconds=60)
+    return Job.objects.create(
+        session=AgentSession.objects.create(agent_name="gone"),
+        call_id=f"c-{time.monotonic_ns()}",
+        capability="test.sleep",
+        params={},
+        status=JobStatus.CANCELLED,
+        started_at=started,
+        settled_at=started,
+        heartbeat_at=heartbeat_at,
+        stopped_at=stopped_at,
+    )
+
+
+def test_cancelled_work_beats_on_until_it_stops() -> None:
+    before = timezone.now() - timedelta(seconds=30)
+    running_on = cancelled_job(heartbeat_at=before)
+    lifecycle.heartbeat(str(running_on.pk))
+    running_on.refresh_from_db()
+    assert running_on.heartbeat_at is not None
+    assert running_on.heartbeat_at > before
+    stopped = cancelled_job(heartbeat_at=before, stopped_at=before)
+    lifecycle.heartbeat(str(stopped.pk))
+    lifecycle.heartbeat_all([str(stopped.pk)])
+    stopped.refresh_from_db()
+    assert stopped.heartbeat_at == before
+
+
+def test_the_reaper_records_the_stop_of_cancelled_work_whose_beat_went_stale() -> None:
+    # A worker SIGKILLed under cancelled work tells nobody: its beat stops with it.
+    stale = timezone.now() - timedelta(seconds=30)
+    gone = cancelled_job(heartbeat_at=stale)
+    beating = cancelled_job(heartbeat_at=timezone.now())
+    reaper.reap()
+    gone.refresh_from_db()
+    beating.refresh_from_db()
+    assert gone.stopped_at == stale
+    assert gone.status == JobStatus.CANCELLED
+    assert beating.stopped_at is None

@@ -8,13 +8,13 @@ sessions nobody resumed in time have their calls cancelled.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from capabilities.calls import cancellation, key_revocation, resumption
-from capabilities.jobs import dispatch, queue
+from capabilities.jobs import dispatch, lifecycle, queue
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ def reap() -> None:
     for job_id, last_seen in lost:
         if cancellation.fail_lost(job_id, last_seen=last_seen):
             logger.warning("Job %s lost its worker (last heartbeat %s)", job_id, last_seen)
+    stopped_with_process(stale)
     resumption.expire_abandoned()
     resumption.nudge_undelivered()
     key_revocation.finish_revocations()
@@ -57,6 +58,25 @@ def reap() -> None:
     # pump missed (a process that died between a settle and its pump).
     dispatch.redispatch_stale()
     dispatch.pump_safely()
+
+
+def stopped_with_process(stale: datetime) -> None:
+    """Record the stop of cancelled work whose process died before it could say so.
+
+    A process beats for its cancelled job until the work stops (`lifecycle.heartbeat`);
+    a worker killed meanwhile (SIGKILL, the machine) records nothing, so its beat going
+    stale is the stop, at the last beat. A child that dies is told of by Celery at once
+    (`tasks._on_failure`).
+    """
+    gone = Job.objects.filter(
+        status=JobStatus.CANCELLED,
+        started_at__isnull=False,
+        stopped_at__isnull=True,
+        heartbeat_at__lt=stale,
+    ).values_list("id", "heartbeat_at")[:BATCH]
+    for job_id, last_seen in gone:
+        lifecycle.record_stopped(job_id, at=last_seen)
+        logger.warning("Job %s stopped with its process (last heartbeat %s)", job_id, last_seen)
 
 
 def end_overdue(job_id: str) -> None:

@@ -137,8 +137,13 @@ def _on_failure(
     # agent is answered now rather than when its heartbeat goes stale.
     lost = getattr(sender, "name", None) == run_job.name and isinstance(exception, WorkerLostError)
     close_old_connections()  # the main process's own, perhaps idle since a restart
-    if lost and task_id is not None and cancellation.fail_lost(task_id):
+    if not lost or task_id is None:
+        return
+    if cancellation.fail_lost(task_id):
         logger.warning("Job %s lost with its worker process", task_id)
+    else:
+        # Settled already (cancelled, its work within the grace): the work stopped now.
+        lifecycle.record_stopped(task_id)
 
 
 @task_revoked.connect
