@@ -71,7 +71,8 @@ class Load:
               for n, s in enumerate(self.sessions)),
             *(mcp.lane(door, mcp_url, stack.key, self.lane(door), pace=sizes.mcp_pace)
               for door in mcp.WIRES),
-            client.lane(stack.ws_url, stack.key, self.lane("client"), pace=sizes.client_pace),
+            client.lane(stack.ws_url, stack.key, self.lane("client"), pace=sizes.client_pace,
+                        drop_every=drops),
         ]  # fmt: skip
         if sizes.revoked_keys:
             keys = abp.Keys(_key_maker(stack), _revoker(stack))

@@ -1,11 +1,13 @@
 """The Python client's door: `abp_jobs_client.AsyncClient` through the proxy, which
-resumes its session on its own after a drop. Each call is `start`, maybe `cancel` at
-its moment, then `result()`: a Result, or the typed error the client raised."""
+resumes its session on its own after a drop (a fault's, or its own: the lane cuts its
+TCP connection every ~`drop_every` s). Each call is `start`, maybe `cancel` at its
+moment, then `result()`: a Result, or the typed error the client raised."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from abp_jobs_client import AsyncClient
 from abp_jobs_client.errors import ABPError
@@ -47,9 +49,18 @@ async def one_call(client: AsyncClient, op: Op, planned: plan.Planned, ledger: L
     ledger.answer(op, "succeeded", {}, data_ok=names_call(op.tag, result.data))
 
 
-async def lane(url: str, key: str, ctx: Lane, *, pace: float) -> None:
+def drop(client: AsyncClient, ledger: Ledger) -> None:
+    """Cut the client's TCP connection, no close frame: it must resume on its own."""
+    ws = client._ws  # the soak plays the network
+    if ws is not None and ws.transport is not None:
+        ws.transport.abort()
+        ledger.count(DOOR, "drops")
+
+
+async def lane(url: str, key: str, ctx: Lane, *, pace: float, drop_every: float) -> None:
     """One client making calls concurrently until the stop; a new client if it fails."""
     ledger = ctx.ledger
+    next_drop = time.monotonic() + ctx.rng.expovariate(1 / drop_every)
     while not ctx.stop.is_set():
         calls: dict[asyncio.Task[None], Op] = {}
         try:
@@ -65,6 +76,9 @@ async def lane(url: str, key: str, ctx: Lane, *, pace: float) -> None:
                     op.session = client.session_id or ""
                     calls[asyncio.create_task(one_call(client, op, planned, ledger))] = op
                     await ctx.pause(pace)
+                    if time.monotonic() > next_drop:
+                        drop(client, ledger)
+                        next_drop = time.monotonic() + ctx.rng.expovariate(1 / drop_every)
                 await settle(calls, ledger)
         except ABPError as failed:
             ledger.count(DOOR, f"sessions failed: {failed.code}")
