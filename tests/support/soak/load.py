@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.support import fleet
 from tests.support.soak import plan
-from tests.support.soak.doors import abp, client, mcp, rpc
+from tests.support.soak.doors import abp, client, mcp, mcp_tasks, rpc
 from tests.support.soak.doors.lane import Lane
 from tests.support.soak.ledger import Ledger
 from tests.support.soak.stack import SoakStack
@@ -71,6 +71,7 @@ class Load:
               for n, s in enumerate(self.sessions)),
             *(mcp.lane(door, mcp_url, stack.key, self.lane(door), pace=sizes.mcp_pace)
               for door in mcp.WIRES),
+            mcp_tasks.lane(mcp_url, stack.key, self.lane("mcptasks"), pace=sizes.mcp_pace),
             client.lane(stack.ws_url, stack.key, self.lane("client"), pace=sizes.client_pace,
                         drop_every=drops),
         ]  # fmt: skip

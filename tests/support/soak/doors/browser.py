@@ -1,6 +1,6 @@
 """The browser door: a headless Chromium page on another origin that embeds the app's
-bridge (/abp/embed/) and makes calls through it with the app's client.js, one after
-another, some aborted at their moment (tests/browser/ drives the same pages).
+bridge (/abp/embed/) and makes calls through it with the app's client.js, several at
+once, some aborted at their moment (tests/browser/ drives the same pages).
 
 client.js never rejects a call: it resolves with the call's one ABPResponse, a
 cancelled one after an abort, an error one when the session could not be kept.
@@ -22,12 +22,14 @@ from playwright.async_api import Page, async_playwright
 
 from tests.support.soak import plan
 from tests.support.soak.doors.lane import Lane
-from tests.support.soak.ledger import names_call, outcome_of_error
+from tests.support.soak.doors.pending import settle
+from tests.support.soak.ledger import Ledger, Op, names_call, outcome_of_error
 
 DOOR = "browser"
 PAGES = Path(__file__).resolve().parents[3] / "browser" / "pages"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+PACE_SECONDS = 0.5  # mean time between a page's calls, each in flight until answered
 
 CONNECT = """async (app) => {
   const frame = document.getElementById("bridge");
@@ -85,36 +87,46 @@ async def lane(app: str, parent_port: int, ctx: Lane) -> None:
 
 
 async def _calls(page: Page, url: str, app: str, ctx: Lane) -> None:
-    """Open the parent page, connect through the bridge, call until the stop."""
+    """Open the parent page, connect through the bridge, call (several at once) until the
+    stop or the session's loss; then wait for the calls still out."""
     ledger = ctx.ledger
     await page.goto(url)
     await page.wait_for_function("() => window.parentReady === true", timeout=30000)
     session = await page.evaluate(CONNECT, app)
     ledger.count(DOOR, "sessions")
-    while not ctx.stop.is_set():
+    lost = asyncio.Event()
+    calls: dict[asyncio.Task[None], Op] = {}
+    while not ctx.stop.is_set() and not lost.is_set():
         planned = plan.next_call(ctx.rng, ctx.mix)
         op = ledger.new(DOOR, planned.capability, planned.cancel_plan, None)
         op.session = str(session)
-        if planned.cancel_after is not None:
-            ledger.count(DOOR, "cancels")
-            op.cancelled_at = op.sent_at + planned.cancel_after
-            ledger.note(op, f"abort at +{planned.cancel_after} s ({op.cancel_plan})")
-        arguments = {
-            "capability": planned.capability, "params": plan.params_for(op.tag, planned),
-            "callId": op.tag, "cancelAfter": planned.cancel_after,
-        }  # fmt: skip
-        try:
-            response = await asyncio.wait_for(page.evaluate(CALL, arguments), 180)
-        except (PlaywrightError, TimeoutError) as failed:
-            op.told = f"the page failed: {type(failed).__name__}: {str(failed)[:120]}"
-            ledger.note(op, op.told)
-            return
-        if response.get("success") is True:
-            ledger.answer(op, "succeeded", {}, data_ok=names_call(op.tag, response.get("data")))
-        else:
-            error = response.get("error") or {}
-            outcome = outcome_of_error(error, bool(response.get("cancelled")))
-            ledger.answer(op, outcome, {"error": error})
-            if error.get("code") in ("DISCONNECTED", "SESSION_INVALID", "SESSION_EXPIRED"):
-                return  # the session is gone: a new page
-        await ctx.pause(0.5)
+        calls[asyncio.create_task(_one_call(page, op, planned, ledger, lost))] = op
+        await ctx.pause(PACE_SECONDS)
+    await settle(calls, ledger)
+
+
+async def _one_call(
+    page: Page, op: Op, planned: plan.Planned, ledger: Ledger, lost: asyncio.Event
+) -> None:
+    if planned.cancel_after is not None:
+        ledger.count(DOOR, "cancels")
+        op.cancelled_at = op.sent_at + planned.cancel_after
+        ledger.note(op, f"abort at +{planned.cancel_after} s ({op.cancel_plan})")
+    arguments = {
+        "capability": planned.capability, "params": plan.params_for(op.tag, planned),
+        "callId": op.tag, "cancelAfter": planned.cancel_after,
+    }  # fmt: skip
+    try:
+        response = await asyncio.wait_for(page.evaluate(CALL, arguments), 180)
+    except (PlaywrightError, TimeoutError) as failed:
+        op.told = f"the page failed: {type(failed).__name__}: {str(failed)[:120]}"
+        ledger.note(op, op.told)
+        lost.set()
+        return
+    if response.get("success") is True:
+        ledger.answer(op, "succeeded", {}, data_ok=names_call(op.tag, response.get("data")))
+        return
+    error = response.get("error") or {}
+    ledger.answer(op, outcome_of_error(error, bool(response.get("cancelled"))), {"error": error})
+    if error.get("code") in ("DISCONNECTED", "SESSION_INVALID", "SESSION_EXPIRED"):
+        lost.set()  # the session is gone: a new page

@@ -24,7 +24,14 @@ WIRES = {"mcp2025": "legacy", "mcp2026": "2026-07-28"}
 def outcome_of(result: Any, tag: str) -> tuple[str, dict[str, Any], bool]:
     """A CallToolResult as (outcome, detail, names this call)."""
     text = " ".join(getattr(part, "text", "") for part in result.content or [])
-    if result.is_error:
+    return outcome_of_parts(result.is_error, text, result.structured_content, tag)
+
+
+def outcome_of_parts(
+    is_error: bool, text: str, structured: Any, tag: str
+) -> tuple[str, dict[str, Any], bool]:
+    """A tool result's parts (`isError`, its text, `structuredContent`) as an outcome."""
+    if is_error:
         for code in ("TIMEOUT", "CANCELLED", "WORKER_LOST", "CAPABILITY_UNAVAILABLE"):
             if code in text:
                 outcome = {"TIMEOUT": "timeout", "CANCELLED": "cancelled"}.get(
@@ -32,7 +39,7 @@ def outcome_of(result: Any, tag: str) -> tuple[str, dict[str, Any], bool]:
                 )
                 return outcome, {"text": text[:200]}, True
         return "error:OTHER", {"text": text[:200]}, True
-    return "succeeded", {}, names_call(tag, result.structured_content)
+    return "succeeded", {}, names_call(tag, structured)
 
 
 async def one_call(client: Any, op: Op, planned: plan.Planned, ledger: Ledger) -> None:
