@@ -65,6 +65,9 @@ DEFAULTS: dict[str, Any] = {
     # A job handed to Celery but not started after this long is handed over again
     # (its message was lost with a worker); starting is conditional, so it runs once.
     "REDISPATCH_AFTER_SECONDS": 30.0,
+    # A call whose row meets the database away (a PostgreSQL restart, a failover) is
+    # written again for up to this long before it is refused: it waits, not fails.
+    "START_RETRY_SECONDS": 10.0,
     # Live workers: each announces itself this often, in a key that expires after
     # WORKER_TTL_SECONDS (capabilities/jobs/workers.py). A capability whose queue no
     # live worker consumes is unavailable: new calls get CAPABILITY_UNAVAILABLE.

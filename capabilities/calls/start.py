@@ -16,7 +16,7 @@ from typing import Any
 
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, job_writes, local_lane
+from capabilities.calls import budgets, job_writes, local_lane, start_retries
 from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import uploads
@@ -107,28 +107,27 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
         await call.turn.come()
     taken = lane.takes(call.capability, call.params)
     # Queued for the database thread now, before the next start's (calls/job_writes.py).
-    writing = job_writes.create(
-        job_writes.NewJob(
-            principal=principal,
-            check=call.check,
-            job={
-                "session_id": call.session_id,
-                "call_id": call.call_id,
-                "request_id": call.request_id,
-                "capability": call.capability,
-                "params": call.params,
-                "timeout_ms": call.timeout_ms or default_ms,
-                "progress_token": call.progress_token,
-                "notify_started": call.notify_started,
-                "ticket": call.ticket,
-                "run_by": lane.name if taken else None,
-            },
-        )
+    new = job_writes.NewJob(
+        principal=principal,
+        check=call.check,
+        job={
+            "session_id": call.session_id,
+            "call_id": call.call_id,
+            "request_id": call.request_id,
+            "capability": call.capability,
+            "params": call.params,
+            "timeout_ms": call.timeout_ms or default_ms,
+            "progress_token": call.progress_token,
+            "notify_started": call.notify_started,
+            "ticket": call.ticket,
+            "run_by": lane.name if taken else None,
+        },
     )
+    writing = job_writes.create(new)
     if call.turn is not None:
         call.turn.pass_on()
     try:
-        job = await _written(writing, call.call_id)
+        job = await _written(writing, new, call.call_id)
     except BaseException:
         if taken:
             lane.give_back()
@@ -140,10 +139,10 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
     return job
 
 
-async def _written(writing: asyncio.Future[Job], call_id: str) -> Job:
+async def _written(writing: asyncio.Future[Job], new: job_writes.NewJob, call_id: str) -> Job:
     """The job once its row is written; CallRefused if it was not."""
     try:
-        return await writing
+        return await start_retries.stored(writing, new)
     except job_writes.Unavailable as unavailable:
         raise CallRefused(unavailable.error) from None
     except budgets.OverBudget as over:

@@ -1,0 +1,65 @@
+"""A call's row written again while the database is away, instead of refusing the call.
+
+A PostgreSQL restart or failover breaks every open connection for a few seconds; a
+call that arrives then would be refused with a retryable INTERNAL_ERROR, and its
+agent left to try again. Instead its row is written again, with growing pauses, for
+up to ABP_START_RETRY_SECONDS; the call just waits.
+
+Writing again is safe: a callId is unique in its session. An attempt whose commit
+was sent but whose answer was lost with the connection may have written the row;
+the next attempt then finds the callId taken, and the row is read back as written.
+Such a row's hand-over (`dispatch.created`, run on commit) did not run: the pump or
+the sweep hands it over (docs/design.md, "A start while the database is away").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from capabilities.calls import job_writes
+from capabilities.jobs.lifecycle import CallIdInUse
+from capabilities.models import Job
+
+logger = logging.getLogger(__name__)
+
+# Pauses between attempts (seconds); the last one repeats.
+PAUSES = (0.1, 0.25, 0.5, 1.0)
+# The database is away, or the connection to it broke: worth writing again.
+_AWAY = (OperationalError, InterfaceError)
+
+
+async def stored(writing: asyncio.Future[Job], new: job_writes.NewJob) -> Job:
+    """The job once its row is written (`writing`, then attempts of `new` as needed)."""
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + float(settings.ABP["START_RETRY_SECONDS"])
+    attempt = 0
+    while True:
+        try:
+            return await writing
+        except CallIdInUse:
+            if attempt == 0:
+                raise
+            found: Job | None = await database_sync_to_async(_row_of)(new)
+            if found is None:
+                raise
+            return found  # written by the attempt whose answer was lost
+        except _AWAY as away:
+            pause = PAUSES[min(attempt, len(PAUSES) - 1)]
+            if loop.time() + pause > give_up_at:
+                raise
+            logger.warning(
+                "Call %s: the database is away (%s); writing its row again in %g s",
+                new.job["call_id"], str(away).strip()[:200], pause,
+            )  # fmt: skip
+        attempt += 1
+        await asyncio.sleep(pause)
+        writing = job_writes.create(new)
+
+
+def _row_of(new: job_writes.NewJob) -> Job | None:
+    return Job.objects.filter(session_id=new.job["session_id"], call_id=new.job["call_id"]).first()
