@@ -22,7 +22,10 @@ def scope_with(authorization: str) -> dict[str, object]:
     }
 
 
-def test_a_key_that_cannot_be_checked_now_is_a_retryable_503_not_a_bare_500() -> None:
+def test_a_key_that_cannot_be_checked_now_is_a_retryable_503_not_a_bare_500(
+    database: None,
+) -> None:
+    # A key is looked up in the database thread (whose connection the guard watches).
     restarting = OperationalError("terminating connection due to administrator command")
     with mock.patch("capabilities.access.agent_keys.find_key", side_effect=restarting):
         principal, refused = asyncio.run(

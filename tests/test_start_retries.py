@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import OperationalError
+from django.db import OperationalError, connections
 from django.test import override_settings
 
 from capabilities.access import agent_keys
@@ -25,6 +26,13 @@ from capabilities.models import AgentSession, Job
 pytestmark = pytest.mark.usefixtures("database")
 
 RESTARTING = "terminating connection due to administrator command"
+
+
+@pytest.fixture(autouse=True)
+def closed_after() -> Iterator[None]:
+    """The database thread's connection closed after each test: later tests may not use it."""
+    yield
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 @pytest.fixture(autouse=True)
