@@ -1,5 +1,10 @@
 """The channel layer every process uses: channels_redis' pub/sub layer, retrying.
 
+It can also delete a channel: channels_redis forgets a channel made by `new_channel`
+(its queue, its Redis subscription) only when a `receive` on it is cancelled, as
+Channels' consumers' are when they end (django/channels_redis#276). A channel whose
+last receive returned (an MCP call's watch) would otherwise be kept for good.
+
 After a Redis restart the first call on each pooled connection fails ("Connection
 closed by server") and the client then reconnects. Each call is tried once more
 (redis_pool.twice): otherwise a new socket's `new_channel`, made by Channels before
@@ -9,11 +14,14 @@ call would close the socket with 1011.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
 from capabilities.redis_pool import twice
+
+logger = logging.getLogger(__name__)
 
 
 class RetryingPubSubChannelLayer(RedisPubSubChannelLayer):  # type: ignore[misc]
@@ -38,3 +46,14 @@ class RetryingPubSubChannelLayer(RedisPubSubChannelLayer):  # type: ignore[misc]
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         await twice(lambda: self._call("group_send")(group, message))
+
+    async def delete_channel(self, channel: str) -> None:
+        """Forget a channel made by `new_channel`: its queue, and its Redis subscription."""
+        layer = self._get_layer()
+        if layer.channels.pop(channel, None) is None:
+            return
+        shard = layer._get_shard(channel)
+        try:
+            await twice(lambda: shard.unsubscribe(channel))
+        except Exception:  # Redis away: the subscription went with its connection
+            logger.warning("Could not unsubscribe %s", channel, exc_info=True)

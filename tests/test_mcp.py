@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import redis
 from django.urls import reverse
 from mcp.shared.exceptions import MCPError
 
@@ -472,3 +473,26 @@ def test_binary_results_are_inline_up_to_512_kib_then_a_signed_download_url(
     assert large["size"] == 600_000
     with urllib.request.urlopen(large["downloadUrl"], timeout=10) as response:
         assert len(response.read()) == 600_000
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_call_answered_through_celery_leaves_no_channel_subscribed(
+    stack: Stack, mode: str
+) -> None:
+    # Each call watches its job on a channel of its own; channels_redis forgets one only
+    # when a receive on it is cancelled, so a call answered by a worker's note kept its
+    # queue and its Redis subscription for good: one per call, in every Daphne.
+    def watches() -> int:
+        with redis.Redis(host="127.0.0.1", port=stack.redis_port) as client:
+            return sum(b"call." in name for name in client.pubsub_channels())
+
+    before = watches()
+
+    async def scenario() -> None:
+        async with official_client(url_of(stack), mode=mode) as client:
+            for _ in range(5):  # test.sleep runs on the heavy worker, never in the lane
+                result = await client.call_tool("test.sleep", SHORT)
+                assert result.is_error is False
+
+    run(scenario)
+    eventually(lambda: watches() <= before, timeout=5)

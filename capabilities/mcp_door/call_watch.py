@@ -146,7 +146,14 @@ async def watching(session_id: str) -> AsyncIterator[CallWatch]:
         yield watch
     finally:
         watch.watching = False
-        await layer.group_discard(group, channel)
+        try:
+            await layer.group_discard(group, channel)
+        finally:
+            # Its last receive may have returned: channels_redis would keep it for good
+            # (capabilities/channel_layer.py); the in-memory layer forgets on its own.
+            delete_channel = getattr(layer, "delete_channel", None)
+            if delete_channel is not None:
+                await delete_channel(channel)
 
 
 def _progress_of(note: Note) -> Progress:
