@@ -89,6 +89,18 @@ def _loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+def close_thread_loop() -> None:
+    """Close this thread's loop, and with it the channel layer's connections on it.
+
+    For a thread that ends (one that sent notes off a running loop): each loop keeps a
+    layer of its own in channels_redis, with its Redis connections, until it is closed.
+    """
+    pid, loop = getattr(_local, "pid_loop", (None, None))
+    _local.pid_loop = (None, None)
+    if loop is not None and pid == os.getpid() and not loop.is_closed():
+        loop.close()
+
+
 def notify(session_id: str, note: Note) -> bool:
     """Send a note to a session's consumer; False if it could not be sent.
 

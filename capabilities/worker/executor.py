@@ -132,7 +132,7 @@ def _event_loop_running() -> bool:
 
 
 def _off_the_loop(work: Callable[[], None]) -> None:
-    """Do `work` in a thread of its own and wait; its database connection is closed after."""
+    """Do `work` in a thread of its own and wait; its connections are closed after."""
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -142,6 +142,7 @@ def _off_the_loop(work: Callable[[], None]) -> None:
             failure.append(exc)
         finally:
             db.connections.close_all()
+            notes.close_thread_loop()  # its notes' loop and Redis connections, not kept
 
     thread = threading.Thread(target=run, name="abp-off-loop", daemon=True)
     thread.start()
