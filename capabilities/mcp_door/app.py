@@ -129,41 +129,34 @@ async def _authenticate(scope: Scope) -> tuple[Principal | None, Response | None
 
 
 def _unavailable() -> Response:
-    code, _ = jsonrpc_error(ErrorCode.INTERNAL_ERROR)
-    body = {
-        "jsonrpc": "2.0",
-        "id": None,
-        "error": {
-            "code": code,
-            "message": "The agent key could not be checked now; try again.",
-            "data": {"code": ErrorCode.INTERNAL_ERROR.value, "retryable": True},
-        },
-    }
-    return Response(
-        json.dumps(body),
-        status_code=503,
-        media_type="application/json",
+    return _error_response(
+        ErrorCode.INTERNAL_ERROR,
+        "The agent key could not be checked now; try again.",
+        {"code": ErrorCode.INTERNAL_ERROR.value, "retryable": True},
+        status=503,
         headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)},
     )
 
 
 def _refusal(reason: str) -> Response:
     # The code ACP gives "authentication required", from the one table.
-    code, _ = jsonrpc_error(ErrorCode.PERMISSION_DENIED)
-    body = {
-        "jsonrpc": "2.0",
-        "id": None,
-        "error": {
-            "code": code,
-            "message": REFUSAL_MESSAGES[reason],
-            "data": {"reason": reason},
-        },
-    }
-    return Response(
-        json.dumps(body),
-        status_code=401,
-        media_type="application/json",
+    return _error_response(
+        ErrorCode.PERMISSION_DENIED,
+        REFUSAL_MESSAGES[reason],
+        {"reason": reason},
+        status=401,
         headers={"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{reason}"'},
+    )
+
+
+def _error_response(
+    error: ErrorCode, message: str, data: dict[str, Any], *, status: int, headers: dict[str, str]
+) -> Response:
+    """A JSON-RPC error answering no request (id null), as an HTTP response of its own."""
+    code, _ = jsonrpc_error(error)
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message, "data": data}}
+    return Response(
+        json.dumps(body), status_code=status, media_type="application/json", headers=headers
     )
 
 
