@@ -31,6 +31,10 @@ def outcome_of_parts(
     is_error: bool, text: str, structured: Any, tag: str
 ) -> tuple[str, dict[str, Any], bool]:
     """A tool result's parts (`isError`, its text, `structuredContent`) as an outcome."""
+    if is_error and "could not be queued; try again" in text:
+        # The retryable refusal of a call whose row could not be written (PostgreSQL away).
+        error = {"code": "INTERNAL_ERROR", "retryable": True}
+        return "error:INTERNAL_ERROR", {"text": text[:200], "error": error}, True
     if is_error:
         for code in ("TIMEOUT", "CANCELLED", "WORKER_LOST", "CAPABILITY_UNAVAILABLE"):
             if code in text:
