@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from capabilities.calls import job_writes
+from capabilities.jobs import lifecycle
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
 
@@ -44,7 +45,9 @@ async def stored(writing: asyncio.Future[Job], new: job_writes.NewJob) -> Job:
         except CallIdInUse:
             if attempt == 0:
                 raise
-            found: Job | None = await database_sync_to_async(_row_of)(new)
+            found: Job | None = await database_sync_to_async(lifecycle.find_call)(
+                new.job["session_id"], new.job["call_id"]
+            )
             if found is None:
                 raise
             return found  # written by the attempt whose answer was lost
@@ -59,7 +62,3 @@ async def stored(writing: asyncio.Future[Job], new: job_writes.NewJob) -> Job:
         attempt += 1
         await asyncio.sleep(pause)
         writing = job_writes.create(new)
-
-
-def _row_of(new: job_writes.NewJob) -> Job | None:
-    return Job.objects.filter(session_id=new.job["session_id"], call_id=new.job["call_id"]).first()

@@ -256,27 +256,25 @@ class Progress:
     stage: str
 
 
+# The statuses whose work a heartbeat keeps alive (until its `stopped_at` is written).
+_BEATING = (JobStatus.RUNNING, JobStatus.CANCELLED)
+
+
 def heartbeat(job_id: str, progress: Progress | None = None) -> None:
     """The worker running this job is alive; `progress`, a report not written yet."""
-    now = timezone.now()
-    values: dict[str, Any] = {"heartbeat_at": now}
+    values: dict[str, Any] = {"heartbeat_at": timezone.now()}
     if progress is not None:
         values |= progress_values(progress)
-    if not row_updates.update_if(job_id, (JobStatus.RUNNING,), values):
-        # Cancelled, its work not stopped yet: beating on says its process still runs
-        # it; a beat gone stale, that it died with the work (`stopped_with_process`).
-        row_updates.update_if(
-            job_id, (JobStatus.CANCELLED,), {"heartbeat_at": now}, where_null="stopped_at"
-        )
+    # Cancelled, its work not stopped yet, it beats on too: its process still runs it,
+    # and a beat gone stale says it died with the work (`reaper.stopped_with_process`).
+    row_updates.update_if(job_id, _BEATING, values, where_null="stopped_at")
 
 
 def heartbeat_all(job_ids: list[str]) -> None:
     """The process running these jobs is alive (one statement)."""
-    Job.objects.filter(
-        pk__in=job_ids,
-        status__in=(JobStatus.RUNNING, JobStatus.CANCELLED),
-        stopped_at__isnull=True,
-    ).update(heartbeat_at=timezone.now())
+    Job.objects.filter(pk__in=job_ids, status__in=_BEATING, stopped_at__isnull=True).update(
+        heartbeat_at=timezone.now()
+    )
 
 
 def record_progress(job_id: str, progress: Progress) -> None:
