@@ -18,18 +18,15 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from capabilities.access import agent_keys
-from capabilities.access.principal import Principal
 from capabilities.calls import availability, budgets, job_writes
 from capabilities.jobs import lifecycle, notes
 from capabilities.jobs.hop_batches import HopBatch, run_each
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import AgentSession, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
+from tests.support.new_jobs import LANE, new_job, principal
 
 pytestmark = pytest.mark.usefixtures("database")
-
-LANE = "local@test:1"
 
 
 @pytest.fixture(autouse=True)
@@ -43,29 +40,6 @@ def session_id() -> str:
     found = str(uuid.uuid4())
     AgentSession.objects.create(id=found)
     return found
-
-
-def principal(**limits: int) -> Principal:
-    key, _ = agent_keys.create_key("job writes", **limits)
-    return Principal(kind="key", key=key, client_address="127.0.0.1")
-
-
-def new_job(
-    who: Principal, session_id: str, call_id: str, *, run_by: str | None = LANE
-) -> job_writes.NewJob:
-    return job_writes.NewJob(
-        principal=who,
-        job={
-            "session_id": session_id,
-            "call_id": call_id,
-            "request_id": f"r-{call_id}",
-            "capability": "convert.markdownToHtml",
-            "params": {"markdown": "# x"},
-            "timeout_ms": 30_000,
-            "progress_token": None,
-            "run_by": run_by,
-        },
-    )
 
 
 def slot_reads(queries: CaptureQueriesContext) -> int:

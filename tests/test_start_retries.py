@@ -17,11 +17,10 @@ from django.conf import settings
 from django.db import OperationalError, connections
 from django.test import override_settings
 
-from capabilities.access import agent_keys
-from capabilities.access.principal import Principal
 from capabilities.calls import availability, job_writes, start_retries
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import AgentSession, Job
+from tests.support import new_jobs
 
 pytestmark = pytest.mark.usefixtures("database")
 
@@ -42,22 +41,9 @@ def no_redis(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def new_job(call_id: str) -> job_writes.NewJob:
-    key, _ = agent_keys.create_key("start retries")
     session_id = str(uuid.uuid4())
     AgentSession.objects.create(id=session_id)
-    return job_writes.NewJob(
-        principal=Principal(kind="key", key=key, client_address="127.0.0.1"),
-        job={
-            "session_id": session_id,
-            "call_id": call_id,
-            "request_id": f"r-{call_id}",
-            "capability": "convert.markdownToHtml",
-            "params": {"markdown": "# x"},
-            "timeout_ms": 30_000,
-            "progress_token": None,
-            "run_by": "local@test:1",
-        },
-    )
+    return new_jobs.new_job(new_jobs.principal(), session_id, call_id)
 
 
 def failing(error: Exception) -> asyncio.Future[Job]:
