@@ -92,7 +92,7 @@ def _event_of(values: dict[str, Any], where_null: str | None) -> str | None:
         return "started"
     if where_null == "dispatched_at":
         return "dispatched"
-    if where_null == "stopped_at":
+    if "stopped_at" in values:  # not a heartbeat's `where_null`: that writes no stop
         return "stopped"
     return None
 
