@@ -71,20 +71,30 @@ def test_reaper_fails_a_job_whose_heartbeat_went_stale() -> None:
 def test_a_child_killed_under_cancelled_work_records_when_the_work_stopped(agent: Agent) -> None:
     # Cancelled, its work (a blocking sleep) not stopped yet, then its process dies
     # within the grace: the job was settled already, so only its stop is recorded.
-    params = {"mode": "block", "steps": 1, "stepMs": 30_000}
-    call = agent.call("test.sleep", params, call_id="dies-cancelled")
-    job = wait_running(agent, "dies-cancelled")
-    agent.cancel("dies-cancelled")
-    assert agent.result_of(call)["payload"]["cancelled"] is True
-    os.kill(int(job.worker.rsplit(":", 1)[1]), signal.SIGKILL)
-    stopped = Job.objects.filter(pk=job.pk, stopped_at__isnull=False)
-    eventually(stopped.exists, timeout=10)
-    job.refresh_from_db()
+    # The reaper's own kill comes 1.5 s after the cancel; a loaded run may let it win
+    # that race, which says nothing of the child's death: that round is run again.
+    for attempt in range(3):
+        job = _killed_under_cancelled_work(agent, f"dies-cancelled-{attempt}")
+        if not job.hard_killed:
+            break
     assert job.status == JobStatus.CANCELLED
     assert job.hard_killed is False  # not by the reaper's kill: by the child's death
     assert job.settled_at is not None
     assert job.stopped_at is not None
     assert job.stopped_at >= job.settled_at
+
+
+def _killed_under_cancelled_work(agent: Agent, call_id: str) -> Job:
+    params = {"mode": "block", "steps": 1, "stepMs": 30_000}
+    call = agent.call("test.sleep", params, call_id=call_id)
+    job = wait_running(agent, call_id)
+    agent.cancel(call_id)
+    assert agent.result_of(call)["payload"]["cancelled"] is True
+    os.kill(int(job.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+    stopped = Job.objects.filter(pk=job.pk, stopped_at__isnull=False)
+    eventually(stopped.exists, timeout=10)
+    job.refresh_from_db()
+    return job
 
 
 def cancelled_job(*, heartbeat_at: datetime | None, stopped_at: datetime | None = None) -> Job:
