@@ -14,12 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # not in the stubs
-from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from django.conf import settings
 from django.utils import timezone
 
-from capabilities.calls import cancellation, local_lane
+from capabilities.calls import cancellation, lane_pool, local_lane
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
@@ -258,18 +256,12 @@ def test_a_run_answers_data_or_a_coded_error() -> None:
 
 
 def test_pool_failures_are_a_timeout_or_a_lost_process() -> None:
-    def wrapped(error: BaseException) -> Any:
-        class Info:
-            exception = ExceptionWithTraceback(error, None)
-
-        return Info()
-
-    timeout = local_lane._failure(wrapped(TimeLimitExceeded(1.5)))
+    timeout = local_lane._outcome("job", lane_pool.Failure.TIME_LIMIT)
     assert (timeout.status, timeout.cancel_source) == (JobStatus.CANCELLED, CancelSource.TIMEOUT)
     assert timeout.error is not None
     assert timeout.error.code == ErrorCode.TIMEOUT
     assert timeout.cancel_reason == "local lane time limit"
-    lost = local_lane._failure(wrapped(WorkerLostError("gone")))
+    lost = local_lane._outcome("job", lane_pool.Failure.PROCESS_LOST)
     assert lost.error is not None
     assert (lost.status, lost.error.code, lost.error.retryable) == (
         JobStatus.FAILED,

@@ -7,8 +7,8 @@ process is free and their agent is within its share, skip Celery:
 
 - their job row is written already running (worker `local@<host>:<pid>`, queue
   `local`): the row exists before the work starts, and the admin shows it;
-- the run goes to a billiard pool (Celery's own process pool) whose processes come
-  from a fork server, not from Daphne, each capped in memory and killed past
+- the run goes to the lane's processes (calls/lane_pool.py), which come from a fork
+  server, not from Daphne, each capped in memory and killed past
   LOCAL_LANE_TIME_LIMIT_SECONDS;
 - when it ends, one conditional UPDATE settles the job. If the connection that made
   the call still holds it, the same statement claims its delivery and that
@@ -25,29 +25,23 @@ once it is WORKER_LOST_AFTER_SECONDS old.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import billiard
-from billiard.exceptions import TimeLimitExceeded, WorkerLostError
-from billiard.pool import Pool
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from capabilities.calls import job_writes, params_size
+from capabilities.calls import job_writes, lane_pool, params_size
+from capabilities.calls.lane_pool import LanePool
 from capabilities.jobs import abort_listener, lifecycle, results
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
-from capabilities.work import local_run, runs
+from capabilities.work import runs
 
 logger = logging.getLogger(__name__)
 
@@ -58,25 +52,14 @@ LOCAL_QUEUE = "local"
 Deliver = Callable[[Job, lifecycle.Outcome, dict[str, Any]], Awaitable[bool]]
 
 
-@dataclass(kw_only=True)
-class _Run:
-    """One run handed to the pool: its answer (None: stopped), and its process."""
-
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[lifecycle.Outcome | None]
-    pid: int | None = None
-    stopped: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class LocalLane:
     """This Daphne's pool, and the runs in it."""
 
     def __init__(self) -> None:
         self.name = f"local@{socket.gethostname()}:{os.getpid()}"
-        self._pool: Pool | None = None
+        self._pool: LanePool | None = None
         self._start_lock = threading.Lock()
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, asyncio.Future[lifecycle.Outcome | None]] = {}
         # Places taken, from a start's check to its run's end (or its start's failure):
         # a burst of starts in one database hop must not all count the runs as none.
         self._places = 0
@@ -92,37 +75,17 @@ class LocalLane:
         with self._start_lock:
             if self._pool is not None or processes <= 0:
                 return
-            self._pool = Pool(
-                processes=processes,
-                initializer=local_run.prepare,
-                initargs=(
-                    int(abp["LOCAL_LANE_MEMORY_LIMIT_MB"]),
-                    list(abp["LOCAL_LANE_CAPABILITIES"]),
-                ),
-                context=billiard.get_context("forkserver"),
-                enable_timeouts=True,
+            self._pool = LanePool(
+                processes,
+                int(abp["LOCAL_LANE_MEMORY_LIMIT_MB"]),
+                list(abp["LOCAL_LANE_CAPABILITIES"]),
             )
             self._heartbeat.start()
         logger.info("Local lane started: %s processes (%s)", processes, self.name)
 
     def warm(self, timeout: float = 60.0) -> bool:
-        """Wait until every process has loaded its runners (blocking); False if not in time.
-
-        A process answers a task only once its initializer (`local_run.prepare`) ran:
-        tasks go round until each pid has answered one.
-        """
-        pool = self._pool
-        if pool is None:
-            return True
-        processes = int(settings.ABP["LOCAL_LANE_PROCESSES"])
-        deadline = time.monotonic() + timeout
-        answered: set[int] = set()
-        while len(answered) < processes and time.monotonic() < deadline:
-            waits = [pool.apply_async(local_run.ready) for _ in range(processes)]
-            for wait in waits:
-                with contextlib.suppress(Exception):
-                    answered.add(wait.get(max(deadline - time.monotonic(), 0.001)))
-        return len(answered) >= processes
+        """Wait until every process has loaded its runners (blocking); False if not in time."""
+        return self._pool is None or self._pool.wait_ready(timeout)
 
     def beat(self) -> None:
         """Write the heartbeat of the jobs not settled yet (one statement)."""
@@ -161,30 +124,15 @@ class LocalLane:
         """Hand the run to the pool (from the event loop); its outcome, None if stopped."""
         assert self._pool is not None
         loop = asyncio.get_running_loop()
-        run = _Run(loop=loop, future=loop.create_future())
-        self._runs[job_id] = run
-        run.future.add_done_callback(lambda _: self._runs.pop(job_id, None))
+        future: asyncio.Future[lifecycle.Outcome | None] = loop.create_future()
+        self._runs[job_id] = future
+        future.add_done_callback(lambda _: self._runs.pop(job_id, None))
 
-        def accepted(pid: int, _at: float) -> None:
-            with run.lock:
-                run.pid = pid
-                stopped = run.stopped
-            if stopped:  # stopped before its process was known
-                self._kill(pid)
+        def done(ended: runs.Ran | lane_pool.Failure) -> None:
+            loop.call_soon_threadsafe(_resolve, future, _outcome(job_id, ended))
 
-        self._pool.apply_async(
-            local_run.run,
-            (capability, params),
-            callback=lambda ran: loop.call_soon_threadsafe(
-                _resolve, run.future, _outcome(job_id, ran)
-            ),
-            error_callback=lambda info: loop.call_soon_threadsafe(
-                _resolve, run.future, _failure(info)
-            ),
-            accept_callback=accepted,
-            timeout=max(seconds, 0.001),
-        )
-        return run.future
+        self._pool.submit(job_id, capability, params, seconds, done)
+        return future
 
     def running(self) -> list[str]:
         """The jobs running in this lane."""
@@ -192,20 +140,12 @@ class LocalLane:
 
     def stop(self, job_id: str) -> bool:
         """Stop the job's run if it is in this lane (from any thread); False if not."""
-        run = self._runs.get(job_id)
-        if run is None:
+        future = self._runs.get(job_id)
+        if future is None or self._pool is None:
             return False
-        with run.lock:
-            run.stopped = True
-            pid = run.pid
-        run.loop.call_soon_threadsafe(_resolve, run.future, None)
-        if pid is not None:
-            self._kill(pid)
+        self._pool.stop(job_id)
+        future.get_loop().call_soon_threadsafe(_resolve, future, None)
         return True
-
-    def _kill(self, pid: int) -> None:
-        if self._pool is not None:
-            self._pool.terminate_job(pid, signal.SIGKILL)
 
 
 _lane = LocalLane()
@@ -270,28 +210,21 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
         _lane.give_back()
 
 
-def _outcome(job_id: str, ran: runs.Ran) -> lifecycle.Outcome:
-    """The outcome of a run its process finished."""
-    if ran.crashed:
-        logger.error("Job %s crashed in the local lane:\n%s", job_id, ran.traceback)
-    return lifecycle.Outcome.of_run(ran)
-
-
-def _failure(info: Any) -> lifecycle.Outcome:
-    """A run the pool could not finish: past its time limit, or its process died."""
-    wrapped = getattr(info, "exception", info)
-    error = getattr(wrapped, "exc", wrapped)
-    if isinstance(error, TimeLimitExceeded):
+def _outcome(job_id: str, ended: runs.Ran | lane_pool.Failure) -> lifecycle.Outcome:
+    """The outcome of a run: what its process returned, or how the pool lost it."""
+    if ended is lane_pool.Failure.TIME_LIMIT:
         return lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "local lane time limit")
-    if not isinstance(error, WorkerLostError):
-        logger.error("The local lane could not run a job: %r", error)
-    return lifecycle.Outcome.failed(
-        WireError(
-            code=ErrorCode.WORKER_LOST,
-            message="The process running this call stopped unexpectedly; it can be retried.",
-            retryable=True,
+    if ended is lane_pool.Failure.PROCESS_LOST:
+        return lifecycle.Outcome.failed(
+            WireError(
+                code=ErrorCode.WORKER_LOST,
+                message="The process running this call stopped unexpectedly; it can be retried.",
+                retryable=True,
+            )
         )
-    )
+    if ended.crashed:
+        logger.error("Job %s crashed in the local lane:\n%s", job_id, ended.traceback)
+    return lifecycle.Outcome.of_run(ended)
 
 
 def _resolve(

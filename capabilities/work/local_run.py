@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+from multiprocessing.connection import Connection
 from typing import Any
 
 import django
@@ -78,6 +79,16 @@ def run(capability: str, params: dict[str, Any]) -> runs.Ran:
     return runs.run(capability, params, NoJob())
 
 
-def ready() -> int:
-    """Nothing but this process's pid: the answer proves its runners are loaded."""
-    return os.getpid()
+def serve(conn: Connection, memory_limit_mb: int, capabilities: list[str]) -> None:
+    """A lane process's life: prepare, say so, then run what comes, one at a time.
+
+    It ends when Daphne's end of the pipe does: Daphne went, or gave up on it.
+    """
+    prepare(memory_limit_mb, capabilities)
+    conn.send(os.getpid())
+    while True:
+        try:
+            capability, params = conn.recv()
+        except EOFError:
+            return
+        conn.send(run(capability, params))
