@@ -324,6 +324,10 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+if CELERY_BROKER_URL.startswith("redis://"):
+    # kombu's Redis transport, but a worker does not die of a Redis restart
+    # (capabilities/broker_transport.py).
+    CELERY_BROKER_TRANSPORT = "capabilities.broker_transport:Transport"
 # One Celery queue per cost class, each with workers of its own, so a small call never
 # waits behind a long render (capabilities/jobs/queue.py; docs/operating.md#queues).
 SMALL_QUEUE = os.environ.get("ABP_SMALL_QUEUE", DEFAULTS["QUEUES"]["small"])
