@@ -156,3 +156,18 @@ def test_a_second_ctrl_c_leaves_at_once_when_the_confirmation_does_not_come(
     assert child.exitstatus == 130
     # Its session waits for a resume; an operator frees the worker for the next tests.
     cancellation.cancel(job.pk, source=CancelSource.OPERATOR, reason="test over")
+
+
+def test_the_options_go_before_the_command_or_after_it() -> None:
+    # `abp-jobs call X --json` is what people type; argparse alone refuses it.
+    from abp_jobs_client import cli
+
+    parse = cli._parser().parse_args
+    assert parse(["call", "convert.markdownToHtml", "--json"]).json is True
+    assert parse(["--json", "call", "convert.markdownToHtml"]).json is True
+    assert parse(["capabilities"]).json is False
+    given = parse(["--url", "ws://a/abp/ws", "capabilities", "--key", "k"])
+    assert (given.url, given.key) == ("ws://a/abp/ws", "k")
+    assert parse(["--url", "ws://a/abp/ws", "capabilities", "--url", "ws://b/abp/ws"]).url == (
+        "ws://b/abp/ws"  # the last one given, as anywhere in argparse
+    )

@@ -41,20 +41,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="abp-jobs", description=__doc__)
-    parser.add_argument("--url", default=os.environ.get("ABP_URL", DEFAULT_URL), help="$ABP_URL")
-    parser.add_argument("--key", default=os.environ.get("ABP_KEY"), help="$ABP_KEY")
-    parser.add_argument("--json", action="store_true", help="output a script can read")
+    parser = argparse.ArgumentParser(
+        prog="abp-jobs", description=__doc__, parents=[_options(defaults=True)]
+    )
     commands = parser.add_subparsers(required=True, metavar="command")
-    listing = commands.add_parser("capabilities", help="list the capabilities")
+    # The options again after the command (`abp-jobs call X --json`), with no defaults
+    # of their own there: the command's parser would otherwise undo those given before.
+    after = _options(defaults=False)
+    listing = commands.add_parser("capabilities", help="list the capabilities", parents=[after])
     listing.set_defaults(run=_capabilities)
-    call = commands.add_parser("call", help="call a capability")
+    call = commands.add_parser("call", help="call a capability", parents=[after])
     call.add_argument("capability")
     call.add_argument("--param", action="append", default=[], metavar="NAME=VALUE|NAME=@FILE")
     call.add_argument("-o", "--output", type=Path, help="write the result's file here")
     call.add_argument("--timeout", type=float, help="seconds (the server's default otherwise)")
     call.set_defaults(run=_call)
     return parser
+
+
+def _options(*, defaults: bool) -> argparse.ArgumentParser:
+    """--url, --key and --json, taken before the command or after it."""
+    options = argparse.ArgumentParser(add_help=False)
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    url = os.environ.get("ABP_URL", DEFAULT_URL)
+    options.add_argument("--url", default=default(url), help="$ABP_URL")
+    options.add_argument("--key", default=default(os.environ.get("ABP_KEY")), help="$ABP_KEY")
+    options.add_argument(
+        "--json", action="store_true", default=default(False), help="output a script can read"
+    )
+    return options
 
 
 async def _capabilities(args: argparse.Namespace) -> int:
