@@ -154,8 +154,6 @@ class LanePool:
             task = self._waiting.get()
             if task is None:
                 break
-            if task.stopped:
-                continue
             if conn.poll(0):  # it died while idle (a process sends nothing unasked)
                 self._end(slot, conn)
                 conn = self._start(slot)
@@ -163,7 +161,12 @@ class LanePool:
                     self._finish(task, Failure.PROCESS_LOST)
                     continue
             with slot.lock:
-                slot.task = task
+                # A stop that came before this found no process to kill: it is seen here.
+                taken = not task.stopped
+                if taken:
+                    slot.task = task
+            if not taken:
+                continue
             ended = self._run(conn, task)
             with slot.lock:
                 slot.task = None
