@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 import pytest
 
 from capabilities.calls.lane_pool import Failure, LanePool
