@@ -93,11 +93,18 @@ class Ledger:
             return
         op.answers.append(Answer(self.now(), outcome, detail, data_ok))
         self.count(op.door, "answers")
-        self.note(op, f"answer {outcome}")
+        # Which frame brought it, on which socket: what tells two answers apart.
+        shown = [
+            f"{key}={detail[key]}" for key in ANSWER_SOURCE if detail.get(key) not in (None, "")
+        ]
+        self.note(op, f"answer {outcome}" + (f" ({', '.join(shown)})" if shown else ""))
 
     def calls_so_far(self) -> int:
         """Calls sent so far, on every door."""
         return len(self.ops)
+
+
+ANSWER_SOURCE = ("socket", "id", "where")
 
 
 def outcome_of_error(error: dict[str, Any] | None, cancelled: bool = False) -> str:

@@ -94,11 +94,13 @@ class SoakAgent(fleet.AgentSession):
                 self.ledger.note(op, "the call sent again was refused: the server had it")
             elif payload.get("success") is True:
                 ok = names_call(op.tag, payload.get("data"))
-                self.ledger.answer(op, "succeeded", {"id": message.get("id")}, data_ok=ok)
+                source = {"id": message.get("id"), "socket": conn.index}
+                self.ledger.answer(op, "succeeded", source, data_ok=ok)
             else:
                 error = payload.get("error")
                 outcome = outcome_of_error(error, bool(payload.get("cancelled")))
-                self.ledger.answer(op, outcome, {"id": message.get("id"), "error": error})
+                source = {"id": message.get("id"), "socket": conn.index, "error": error}
+                self.ledger.answer(op, outcome, source)
         elif op is not None and kind == "capabilities/cancel-result":
             self.ledger.note(op, f"cancel-result cancelled={payload.get('cancelled')}")
         super()._route(now, conn, message)

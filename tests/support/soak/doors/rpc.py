@@ -120,19 +120,19 @@ class RpcSession:
     async def _read(self, ws: ClientConnection, connection: int) -> None:
         with contextlib.suppress(ConnectionClosed, OSError):
             async for frame in ws:
-                self._received(json.loads(frame))
+                self._received(json.loads(frame), connection)
         if self._closing or connection != self.connection:
             return
         self._live.clear()
         self._keep(asyncio.create_task(self._recover()))
 
-    def _received(self, message: Message) -> None:
+    def _received(self, message: Message, connection: int) -> None:
         method = message.get("method")
         if method == "_abp/result":
             params = message.get("params") or {}
             call = self.calls.get(str(params.get("callId")))
             if call is not None:
-                self._answered(call, params, "on a later socket")
+                self._answered(call, params, f"_abp/result on socket {connection}")
             return
         if method is not None:
             return  # progress is off; other notifications are not answers
@@ -147,7 +147,7 @@ class RpcSession:
         if call is None:
             self.ledger.count(DOOR, "responses to no request")
             return
-        self._answered(call, message, "")
+        self._answered(call, message, f"response to {request_id} on socket {connection}")
 
     def _answered(self, call: RpcCall, message: Message, where: str) -> None:
         outcome, error, data = outcome_of(message)
