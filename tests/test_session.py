@@ -1215,6 +1215,33 @@ def test_a_resume_lists_the_calls_it_holds_and_answers_awaited_ones_again() -> N
     assert session.in_flight("c3") is None
 
 
+def test_a_result_answered_again_then_given_back_by_its_old_connection_is_not_sent_twice() -> None:
+    # The soak's duplicate answers: the old connection claimed the result and wrote it
+    # to its dead socket; the resume answered it again (delivered, so no claim); then
+    # the old connection gave the result back, and its note made this one send it once
+    # more. Now it is claimed here, and nothing is sent.
+    session = connected(limits=Limits(resumable=True))
+    resume = ResumeRequest(session_id="s-9", token="tok", awaiting=("c3",))
+    [action] = session.receive(Initialize(id="r", resume=resume))
+    assert isinstance(action, ResumeSession)
+    answered = record("c3", job_id="j3", request_id="q3", status="succeeded", delivered=True)
+    response = responses.succeeded("c3", {"ok": True}, 5)
+    actions = session.resumed(
+        action, token="t2", generation=1, was_held=True, calls=[], again=[(answered, response)]
+    )
+    assert sum(isinstance(a, Send) and "call-result" in a.text for a in actions) == 1
+    [look_up] = session.job_returned("j3")
+    given_back = replace(answered, delivered=False)
+    claim = ClaimResult(call_id="c3", job_id="j3", response=None)
+    assert session.found(look_up, given_back) == [claim]
+    assert session.result_claimed(claim, response) == []  # claimed, not sent
+    assert session.in_flight("c3") is None
+    # Given back once more (its claim lost to a crash), it is delivered as any call.
+    [again] = session.found(look_up, given_back)
+    assert again == claim
+    assert [type(a) for a in session.result_claimed(claim, response)] == [StopTimer, Send]
+
+
 def test_a_fresh_initialize_result_has_no_held_calls() -> None:
     session = connected()
     [action] = session.receive(Initialize(id="i"))

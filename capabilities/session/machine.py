@@ -153,6 +153,10 @@ class Session:
         # This connection's calls in flight by their request id (as stored): what
         # `$/cancel_request` names, and what may not be reused meanwhile.
         self._call_of_request: dict[str, str] = {}
+        # Calls answered again by a resume without a claim (their old connection had
+        # claimed them): if that connection then gives the result back, it is claimed
+        # here, not sent twice.
+        self._answered_again: set[str] = set()
         self._initialize: Initialize | None = None
 
     # -- the connection ------------------------------------------------------------
@@ -355,6 +359,7 @@ class Session:
         for call, response in again:
             request_id = self._wire.load_id(call.request_id)
             actions.append(Send(text=self._wire.call_result(request_id, response, own=False)))
+            self._answered_again.add(call.call_id)
         return actions
 
     def resume_refused(self, error: WireError) -> list[Action]:
@@ -723,6 +728,11 @@ class Session:
         """A lookup's answer: adopt the call if it is unanswered, then carry on."""
         then: Then = action.then
         actions: list[Action] = []
+        given_back = call is not None and not call.delivered
+        if isinstance(then, DeliverFound) and given_back and call.call_id in self._answered_again:
+            self._answered_again.discard(call.call_id)
+            # Sent by the resume already: claimed, so that nobody sends it again.
+            return [ClaimResult(call_id=call.call_id, job_id=call.job_id, response=None)]
         held = self._calls.get(call.call_id) if call is not None else None
         unanswered = call is not None and held is None and not call.delivered
         if unanswered and self.state is ConnectionState.OPEN:
