@@ -1231,6 +1231,7 @@ def test_a_result_answered_again_then_given_back_by_its_old_connection_is_not_se
     )
     assert sum(isinstance(a, Send) and "call-result" in a.text for a in actions) == 1
     [look_up] = session.job_returned("j3")
+    assert isinstance(look_up, LookUp)
     given_back = replace(answered, delivered=False)
     claim = ClaimResult(call_id="c3", job_id="j3", response=None)
     assert session.found(look_up, given_back) == [claim]

@@ -728,8 +728,12 @@ class Session:
         """A lookup's answer: adopt the call if it is unanswered, then carry on."""
         then: Then = action.then
         actions: list[Action] = []
-        given_back = call is not None and not call.delivered
-        if isinstance(then, DeliverFound) and given_back and call.call_id in self._answered_again:
+        if (
+            isinstance(then, DeliverFound)
+            and call is not None
+            and not call.delivered  # given back by the connection that claimed it
+            and call.call_id in self._answered_again
+        ):
             self._answered_again.discard(call.call_id)
             # Sent by the resume already: claimed, so that nobody sends it again.
             return [ClaimResult(call_id=call.call_id, job_id=call.job_id, response=None)]
