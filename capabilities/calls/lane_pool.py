@@ -112,10 +112,9 @@ class LanePool:
         task.stopped = True
         for slot in self._slots:
             with slot.lock:
-                if slot.task is task and slot.process is not None and slot.process.pid:
+                if slot.task is task and slot.process is not None:
                     slot.killed = True
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(slot.process.pid, signal.SIGKILL)
+                    _kill(slot.process)
         return True
 
     def wait_ready(self, timeout: float) -> bool:
@@ -134,9 +133,8 @@ class LanePool:
             self._waiting.put(None)
         for slot in self._slots:
             with slot.lock:
-                if slot.process is not None and slot.process.pid:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(slot.process.pid, signal.SIGKILL)
+                if slot.process is not None:
+                    _kill(slot.process)
         for thread in self._threads:
             thread.join(timeout=5)
 
@@ -225,9 +223,7 @@ class LanePool:
             slot.ready.clear()
         conn.close()
         if process is not None:
-            if process.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGKILL)
+            _kill(process)
             process.join(timeout=5)
 
     def _finish(self, task: _Task, ended: runs.Ran | Failure) -> None:
@@ -240,3 +236,10 @@ class LanePool:
                 task.done(ended)
             except Exception:
                 logger.exception("Local lane: the end of job %s was not handled", task.job_id)
+
+
+def _kill(process: BaseProcess) -> None:
+    """SIGKILL it, if it started and has not been reaped."""
+    if process.pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
