@@ -6,6 +6,8 @@ whole list, so an operator fixes them in one go instead of one restart per probl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from capabilities.access.origins import BadOrigin, normalize_origin
 
 # Django's own `check --deploy` (W009) wants at least this much of a SECRET_KEY.
@@ -18,8 +20,8 @@ def production_problems(
     debug: bool,
     secret_key: str,
     allow_anonymous: bool,
-    allowed_origins: list[str],
-    embed_allowed_origins: list[str],
+    allowed_origins: Sequence[str],
+    embed_allowed_origins: Sequence[str],
     allowed_hosts: list[str],
 ) -> list[str]:
     """Each unsafe value of a production configuration, as a sentence naming its variable."""

@@ -5,8 +5,6 @@ Every key is listed, with its default, in `.env.example`.
 
 from __future__ import annotations
 
-import copy
-import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -14,10 +12,12 @@ from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from pydantic import BaseModel
 
 from abpsite.safety import DEVELOPMENT_SECRET_KEY, production_problems
 from abpsite.static_headers import add_headers
-from capabilities.conf import DEFAULTS, METRICS_DEFAULTS, STORAGE_DEFAULTS
+from capabilities.config.environment import from_environment
+from capabilities.config.schema import AbpSettings, MetricsSettings, Queues, StorageSettings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -29,14 +29,17 @@ def _env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _from_environment(model: type[BaseModel], prefix: str, **options: Any) -> dict[str, Any]:
+    """The keys of a settings namespace that the environment sets (PREFIX + KEY)."""
+    try:
+        return from_environment(model, os.environ, prefix=prefix, **options)
+    except ValueError as error:
+        raise ImproperlyConfigured(str(error)) from None
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return default if value in (None, "") else float(value)
 
 
 def _origin_of(url: str) -> list[str]:
@@ -52,12 +55,6 @@ def _env_list(name: str, default: str | list[str] = "") -> list[str]:
     text = default if value is None else value
     assert isinstance(text, str)
     return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def _env_map(name: str) -> dict[str, str]:
-    """`key=value,key=value` from the environment."""
-    pairs = (item.partition("=") for item in _env_list(name))
-    return {key.strip(): value.strip() for key, _, value in pairs if key.strip() and value.strip()}
 
 
 # "production" (the default: every security default on, unsafe values refused at
@@ -290,17 +287,9 @@ STORAGES: dict[str, dict[str, Any]] = {
 # retention checked first). Then the web process streams the file (the default), or,
 # with ABP_DOWNLOAD_REDIRECT on a store that signs URLs (S3), answers 302 with the
 # store's signed URL, valid ABP_DOWNLOAD_REDIRECT_SECONDS at most.
-ABP_STORAGE: dict[str, Any] = {
-    "BACKEND": _STORAGE_BACKEND,
-    "DOWNLOAD_REDIRECT": _env_bool("ABP_DOWNLOAD_REDIRECT", STORAGE_DEFAULTS["DOWNLOAD_REDIRECT"]),
-    "DOWNLOAD_REDIRECT_SECONDS": _env_int(
-        "ABP_DOWNLOAD_REDIRECT_SECONDS", STORAGE_DEFAULTS["DOWNLOAD_REDIRECT_SECONDS"]
-    ),
-}
-if ABP_STORAGE["DOWNLOAD_REDIRECT"] and _STORAGE_BACKEND == "filesystem":
-    raise ImproperlyConfigured("ABP_DOWNLOAD_REDIRECT needs a store that signs URLs (s3).")
-if not 1 <= ABP_STORAGE["DOWNLOAD_REDIRECT_SECONDS"] <= 7 * 24 * 3600:
-    raise ImproperlyConfigured("ABP_DOWNLOAD_REDIRECT_SECONDS must be 1 to 604800 (7 days).")
+ABP_STORAGE = _from_environment(
+    StorageSettings, "ABP_", under={"BACKEND": _STORAGE_BACKEND}, skip={"BACKEND"}
+)
 # Served straight from the apps' folders: no collectstatic step to forget; WhiteNoise
 # answers with CORS allowed (module imports from other sites).
 WHITENOISE_USE_FINDERS = True
@@ -330,8 +319,8 @@ if CELERY_BROKER_URL.startswith("redis://"):
     CELERY_BROKER_TRANSPORT = "capabilities.broker_transport:Transport"
 # One Celery queue per cost class, each with workers of its own, so a small call never
 # waits behind a long render (capabilities/jobs/queue.py; docs/operating.md#queues).
-SMALL_QUEUE = os.environ.get("ABP_SMALL_QUEUE", DEFAULTS["QUEUES"]["small"])
-HEAVY_QUEUE = os.environ.get("ABP_HEAVY_QUEUE", DEFAULTS["QUEUES"]["heavy"])
+SMALL_QUEUE = os.environ.get("ABP_SMALL_QUEUE", "").strip() or Queues().small
+HEAVY_QUEUE = os.environ.get("ABP_HEAVY_QUEUE", "").strip() or Queues().heavy
 CELERY_TASK_DEFAULT_QUEUE = HEAVY_QUEUE
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
@@ -354,160 +343,27 @@ CELERY_WORKER_MAX_MEMORY_PER_CHILD = _env_int("CELERY_WORKER_MAX_MEMORY_PER_CHIL
 
 _LOCAL_ORIGINS = ["http://localhost:*", "http://127.0.0.1:*"]
 
-# Everything the ABP engine reads, in one namespace (like REST_FRAMEWORK): the app's
-# defaults (capabilities/conf.py, where each key is explained) under what the
-# environment sets; development is more permissive.
-ABP: dict[str, Any] = {
-    **copy.deepcopy(DEFAULTS),
-    "APP_ID": os.environ.get("ABP_APP_ID", DEFAULTS["APP_ID"]),
-    "APP_NAME": os.environ.get("ABP_APP_NAME", DEFAULTS["APP_NAME"]),
-    "MAX_FRAME_BYTES": _env_int("ABP_MAX_FRAME_BYTES", DEFAULTS["MAX_FRAME_BYTES"]),
-    # In development, local pages may embed the app and open its WebSocket, and agents
-    # without a key are let in (production refuses that).
-    "EMBED_ALLOWED_ORIGINS": _env_list(
-        "ABP_EMBED_ALLOWED_ORIGINS",
-        _LOCAL_ORIGINS if DEVELOPMENT else DEFAULTS["EMBED_ALLOWED_ORIGINS"],
-    ),
-    "ALLOWED_ORIGINS": _env_list(
-        "ABP_ALLOWED_ORIGINS", _LOCAL_ORIGINS if DEVELOPMENT else DEFAULTS["ALLOWED_ORIGINS"]
-    ),
-    "ALLOW_ANONYMOUS": _env_bool("ABP_ALLOW_ANONYMOUS", DEVELOPMENT),
-    "PAGE_TOKEN_MAX_AGE_SECONDS": _env_int(
-        "ABP_PAGE_TOKEN_MAX_AGE_SECONDS", DEFAULTS["PAGE_TOKEN_MAX_AGE_SECONDS"]
-    ),
-    "MAX_CONCURRENT_CALLS": _env_int("ABP_MAX_CONCURRENT_CALLS", DEFAULTS["MAX_CONCURRENT_CALLS"]),
-    "MAX_QUEUED_CALLS": _env_int("ABP_MAX_QUEUED_CALLS", DEFAULTS["MAX_QUEUED_CALLS"]),
-    "QUEUE_FULL_RETRY_AFTER_MS": _env_int(
-        "ABP_QUEUE_FULL_RETRY_AFTER_MS", DEFAULTS["QUEUE_FULL_RETRY_AFTER_MS"]
-    ),
-    "QUEUE_POSITION_UPDATES": _env_int(
-        "ABP_QUEUE_POSITION_UPDATES", DEFAULTS["QUEUE_POSITION_UPDATES"]
-    ),
-    "REDISPATCH_AFTER_SECONDS": _env_float(
-        "ABP_REDISPATCH_AFTER_SECONDS", DEFAULTS["REDISPATCH_AFTER_SECONDS"]
-    ),
-    "START_RETRY_SECONDS": _env_float("ABP_START_RETRY_SECONDS", DEFAULTS["START_RETRY_SECONDS"]),
-    "WORKER_KEY_PREFIX": os.environ.get("ABP_WORKER_KEY_PREFIX", DEFAULTS["WORKER_KEY_PREFIX"]),
-    "WORKER_ANNOUNCE_SECONDS": _env_float(
-        "ABP_WORKER_ANNOUNCE_SECONDS", DEFAULTS["WORKER_ANNOUNCE_SECONDS"]
-    ),
-    "WORKER_TTL_SECONDS": _env_float("ABP_WORKER_TTL_SECONDS", DEFAULTS["WORKER_TTL_SECONDS"]),
-    "AVAILABILITY_POLL_SECONDS": _env_float(
-        "ABP_AVAILABILITY_POLL_SECONDS", DEFAULTS["AVAILABILITY_POLL_SECONDS"]
-    ),
-    "MCP_SESSION_IDLE_SECONDS": _env_float(
-        "ABP_MCP_SESSION_IDLE_SECONDS", DEFAULTS["MCP_SESSION_IDLE_SECONDS"]
-    ),
-    "UNAVAILABLE_RETRY_AFTER_MS": _env_int(
-        "ABP_UNAVAILABLE_RETRY_AFTER_MS", DEFAULTS["UNAVAILABLE_RETRY_AFTER_MS"]
-    ),
-    "CALLS_PER_MINUTE": _env_int("ABP_CALLS_PER_MINUTE", DEFAULTS["CALLS_PER_MINUTE"]),
-    "ABORT_KEY_PREFIX": os.environ.get("ABP_ABORT_KEY_PREFIX", DEFAULTS["ABORT_KEY_PREFIX"]),
-    "ABORT_CHANNEL": os.environ.get("ABP_ABORT_CHANNEL", DEFAULTS["ABORT_CHANNEL"]),
-    "ABORT_TTL_SECONDS": _env_int("ABP_ABORT_TTL_SECONDS", DEFAULTS["ABORT_TTL_SECONDS"]),
-    "REAPER_INTERVAL_SECONDS": _env_float(
-        "ABP_REAPER_INTERVAL_SECONDS", DEFAULTS["REAPER_INTERVAL_SECONDS"]
-    ),
-    "RESUME_GRACE_SECONDS": _env_float(
-        "ABP_RESUME_GRACE_SECONDS", DEFAULTS["RESUME_GRACE_SECONDS"]
-    ),
-    "WORKER_LOST_AFTER_SECONDS": _env_float(
-        "ABP_WORKER_LOST_AFTER_SECONDS", DEFAULTS["WORKER_LOST_AFTER_SECONDS"]
-    ),
-    "HARD_KILL_GRACE_SECONDS": _env_float(
-        "ABP_HARD_KILL_GRACE_SECONDS", DEFAULTS["HARD_KILL_GRACE_SECONDS"]
-    ),
-    "INLINE_RESULT_MAX_BYTES": _env_int(
-        "ABP_INLINE_RESULT_MAX_BYTES", DEFAULTS["INLINE_RESULT_MAX_BYTES"]
-    ),
-    "DOWNLOAD_URL_TTL_SECONDS": _env_int(
-        "ABP_DOWNLOAD_URL_TTL_SECONDS", DEFAULTS["DOWNLOAD_URL_TTL_SECONDS"]
-    ),
-    "PUBLIC_BASE_URL": os.environ.get("ABP_PUBLIC_BASE_URL", DEFAULTS["PUBLIC_BASE_URL"]),
-    "RESULT_RETENTION_SECONDS": _env_int(
-        "ABP_RESULT_RETENTION_SECONDS", DEFAULTS["RESULT_RETENTION_SECONDS"]
-    ),
-    "JOB_RETENTION_DAYS": _env_float("ABP_JOB_RETENTION_DAYS", DEFAULTS["JOB_RETENTION_DAYS"]),
-    "DEFAULT_TIMEOUT_MS": _env_int("ABP_DEFAULT_TIMEOUT_MS", DEFAULTS["DEFAULT_TIMEOUT_MS"]),
-    "MAX_TIMEOUT_MS": _env_int("ABP_MAX_TIMEOUT_MS", DEFAULTS["MAX_TIMEOUT_MS"]),
-    "PROGRESS_DB_INTERVAL_SECONDS": _env_float(
-        "ABP_PROGRESS_DB_INTERVAL_SECONDS", DEFAULTS["PROGRESS_DB_INTERVAL_SECONDS"]
-    ),
-    "MAX_HTML_BYTES": _env_int("ABP_MAX_HTML_BYTES", DEFAULTS["MAX_HTML_BYTES"]),
-    "MAX_PDF_PAGES": _env_int("ABP_MAX_PDF_PAGES", DEFAULTS["MAX_PDF_PAGES"]),
-    "URL_FETCH_ALLOWED_HOSTS": _env_list(
-        "ABP_URL_FETCH_ALLOWED_HOSTS", DEFAULTS["URL_FETCH_ALLOWED_HOSTS"]
-    ),
-    "URL_FETCH_TIMEOUT_SECONDS": _env_float(
-        "ABP_URL_FETCH_TIMEOUT_SECONDS", DEFAULTS["URL_FETCH_TIMEOUT_SECONDS"]
-    ),
-    "URL_FETCH_MAX_BYTES": _env_int("ABP_URL_FETCH_MAX_BYTES", DEFAULTS["URL_FETCH_MAX_BYTES"]),
-    "MAX_FONT_BYTES": _env_int("ABP_MAX_FONT_BYTES", DEFAULTS["MAX_FONT_BYTES"]),
-    "MAX_PDF_RESOURCE_BYTES": _env_int(
-        "ABP_MAX_PDF_RESOURCE_BYTES", DEFAULTS["MAX_PDF_RESOURCE_BYTES"]
-    ),
-    "MAX_PDF_ELEMENTS": _env_int("ABP_MAX_PDF_ELEMENTS", DEFAULTS["MAX_PDF_ELEMENTS"]),
-    "MAX_PDF_DEPTH": _env_int("ABP_MAX_PDF_DEPTH", DEFAULTS["MAX_PDF_DEPTH"]),
-    "MAX_MARKDOWN_BYTES": _env_int("ABP_MAX_MARKDOWN_BYTES", DEFAULTS["MAX_MARKDOWN_BYTES"]),
-    "MAX_IMAGE_BYTES": _env_int("ABP_MAX_IMAGE_BYTES", DEFAULTS["MAX_IMAGE_BYTES"]),
-    "MAX_IMAGE_PIXELS": _env_int("ABP_MAX_IMAGE_PIXELS", DEFAULTS["MAX_IMAGE_PIXELS"]),
-    "MAX_IMAGE_DIMENSION": _env_int("ABP_MAX_IMAGE_DIMENSION", DEFAULTS["MAX_IMAGE_DIMENSION"]),
-    "MAX_IMAGE_OUTPUT_BYTES": _env_int(
-        "ABP_MAX_IMAGE_OUTPUT_BYTES", DEFAULTS["MAX_IMAGE_OUTPUT_BYTES"]
-    ),
-    "MAX_UPLOAD_BYTES": _env_int(
-        "ABP_MAX_UPLOAD_BYTES", _env_int("ABP_MAX_IMAGE_BYTES", DEFAULTS["MAX_UPLOAD_BYTES"])
-    ),
-    "UPLOAD_TTL_SECONDS": _env_int("ABP_UPLOAD_TTL_SECONDS", DEFAULTS["UPLOAD_TTL_SECONDS"]),
-    "WORKER_MEMORY_LIMIT_MB": _env_int(
-        "ABP_WORKER_MEMORY_LIMIT_MB", DEFAULTS["WORKER_MEMORY_LIMIT_MB"]
-    ),
-    "TRUSTED_PROXIES": _env_list("ABP_TRUSTED_PROXIES", DEFAULTS["TRUSTED_PROXIES"]),
-    "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL": _env_int(
-        "ABP_MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL", DEFAULTS["MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL"]
-    ),
-    # In development every keyless script is one principal (127.0.0.1): roomy, so a
-    # developer never meets 4429.
-    "MAX_OPEN_SESSIONS_PER_PRINCIPAL": _env_int(
-        "ABP_MAX_OPEN_SESSIONS_PER_PRINCIPAL",
-        10_000 if DEVELOPMENT else DEFAULTS["MAX_OPEN_SESSIONS_PER_PRINCIPAL"],
-    ),
-    "PAGE_TOKEN_MAX_CONCURRENT_CALLS": _env_int(
-        "ABP_PAGE_TOKEN_MAX_CONCURRENT_CALLS", DEFAULTS["PAGE_TOKEN_MAX_CONCURRENT_CALLS"]
-    ),
-    "PAGE_TOKEN_CALLS_PER_MINUTE": _env_int(
-        "ABP_PAGE_TOKEN_CALLS_PER_MINUTE", DEFAULTS["PAGE_TOKEN_CALLS_PER_MINUTE"]
-    ),
-    "PAGE_TOKEN_MAX_PARAMS_BYTES": _env_int(
-        "ABP_PAGE_TOKEN_MAX_PARAMS_BYTES", DEFAULTS["PAGE_TOKEN_MAX_PARAMS_BYTES"]
-    ),
-    "PAGE_TOKEN_MAX_TIMEOUT_MS": _env_int(
-        "ABP_PAGE_TOKEN_MAX_TIMEOUT_MS", DEFAULTS["PAGE_TOKEN_MAX_TIMEOUT_MS"]
-    ),
-    "PAGE_TOKEN_MAX_OPEN_SESSIONS": _env_int(
-        "ABP_PAGE_TOKEN_MAX_OPEN_SESSIONS", DEFAULTS["PAGE_TOKEN_MAX_OPEN_SESSIONS"]
-    ),
-    "PAGE_TOKEN_CAPABILITIES": _env_list(
-        "ABP_PAGE_TOKEN_CAPABILITIES", DEFAULTS["PAGE_TOKEN_CAPABILITIES"]
-    ),
-    "LOCAL_LANE_PROCESSES": _env_int("ABP_LOCAL_LANE_PROCESSES", DEFAULTS["LOCAL_LANE_PROCESSES"]),
-    "LOCAL_LANE_BACKLOG": _env_int("ABP_LOCAL_LANE_BACKLOG", DEFAULTS["LOCAL_LANE_BACKLOG"]),
-    "LOCAL_LANE_CAPABILITIES": _env_list(
-        "ABP_LOCAL_LANE_CAPABILITIES", DEFAULTS["LOCAL_LANE_CAPABILITIES"]
-    ),
-    "LOCAL_LANE_MAX_PARAMS_BYTES": _env_int(
-        "ABP_LOCAL_LANE_MAX_PARAMS_BYTES", DEFAULTS["LOCAL_LANE_MAX_PARAMS_BYTES"]
-    ),
-    "LOCAL_LANE_TIME_LIMIT_SECONDS": _env_float(
-        "ABP_LOCAL_LANE_TIME_LIMIT_SECONDS", DEFAULTS["LOCAL_LANE_TIME_LIMIT_SECONDS"]
-    ),
-    "LOCAL_LANE_MEMORY_LIMIT_MB": _env_int(
-        "ABP_LOCAL_LANE_MEMORY_LIMIT_MB", DEFAULTS["LOCAL_LANE_MEMORY_LIMIT_MB"]
-    ),
-    "QUEUES": {"small": SMALL_QUEUE, "heavy": HEAVY_QUEUE},
-    # `ABP_CAPABILITY_QUEUES=export.pdf=abp.pdf,...`
-    "CAPABILITY_QUEUES": _env_map("ABP_CAPABILITY_QUEUES"),
+# Everything the ABP engine reads, in one namespace (like REST_FRAMEWORK): each key
+# from its ABP_<KEY> variable where set, over the app's defaults
+# (capabilities/config/schema.py, where each key is explained). Development is more
+# permissive: local pages may embed the app and open its WebSocket, agents without a
+# key are let in (production refuses that), and every keyless script is one roomy
+# principal (127.0.0.1), so a developer never meets 4429.
+_DEVELOPMENT_ABP: dict[str, Any] = {
+    "EMBED_ALLOWED_ORIGINS": _LOCAL_ORIGINS,
+    "ALLOWED_ORIGINS": _LOCAL_ORIGINS,
+    "ALLOW_ANONYMOUS": True,
+    "MAX_OPEN_SESSIONS_PER_PRINCIPAL": 10_000,
 }
+ABP = _from_environment(
+    AbpSettings,
+    "ABP_",
+    under={
+        **(_DEVELOPMENT_ABP if DEVELOPMENT else {}),
+        "QUEUES": {"small": SMALL_QUEUE, "heavy": HEAVY_QUEUE},
+    },
+    skip={"QUEUES"},
+)
 
 
 # `manage.py ensure_dev_superuser` (run by `make run`) creates this user; it refuses
@@ -520,25 +376,13 @@ DEV_SUPERUSER_PASSWORD = os.environ.get("DJANGO_DEV_SUPERUSER_PASSWORD", "admin"
 # scrape needs both. Development allows loopback. Addresses (or networks) are the
 # client's as resolved through ABP_TRUSTED_PROXIES. The windowed metrics (jobs settled,
 # run time, queue wait, cancel to stop) cover the last WINDOW_SECONDS.
-ABP_METRICS: dict[str, Any] = {
-    "TOKEN": os.environ.get("ABP_METRICS_TOKEN", METRICS_DEFAULTS["TOKEN"]).strip(),
-    "ALLOWED_IPS": _env_list(
-        "ABP_METRICS_ALLOWED_IPS",
-        ["127.0.0.1", "::1"] if DEVELOPMENT else METRICS_DEFAULTS["ALLOWED_IPS"],
-    ),
-    "WINDOW_SECONDS": _env_float("ABP_METRICS_WINDOW_SECONDS", METRICS_DEFAULTS["WINDOW_SECONDS"]),
-}
-for _entry in ABP_METRICS["ALLOWED_IPS"]:
-    try:
-        ipaddress.ip_network(_entry, strict=False)
-    except ValueError as _error:
-        raise ImproperlyConfigured(
-            f"ABP_METRICS_ALLOWED_IPS: {_entry!r} is not an IP address or network."
-        ) from _error
-if not DEVELOPMENT and 0 < len(ABP_METRICS["TOKEN"]) < 32:
+ABP_METRICS = _from_environment(
+    MetricsSettings,
+    "ABP_METRICS_",
+    under={"ALLOWED_IPS": ["127.0.0.1", "::1"]} if DEVELOPMENT else {},
+)
+if not DEVELOPMENT and 0 < len(ABP_METRICS.get("TOKEN", "")) < 32:
     raise ImproperlyConfigured("ABP_METRICS_TOKEN is too short: at least 32 random characters.")
-if not 10 <= ABP_METRICS["WINDOW_SECONDS"] <= 24 * 3600:
-    raise ImproperlyConfigured("ABP_METRICS_WINDOW_SECONDS must be 10 to 86400.")
 
 # Logs go to stderr as text (`time level logger: message`) or, with ABP_LOG_FORMAT=json,
 # as one JSON object a line (python-json-logger). Job events (capabilities/jobs/events.py:
@@ -590,9 +434,9 @@ if not DEVELOPMENT:
     _problems = production_problems(
         debug=DEBUG,
         secret_key=SECRET_KEY,
-        allow_anonymous=ABP["ALLOW_ANONYMOUS"],
-        allowed_origins=ABP["ALLOWED_ORIGINS"],
-        embed_allowed_origins=ABP["EMBED_ALLOWED_ORIGINS"],
+        allow_anonymous=ABP.get("ALLOW_ANONYMOUS", False),
+        allowed_origins=ABP.get("ALLOWED_ORIGINS", ()),
+        embed_allowed_origins=ABP.get("EMBED_ALLOWED_ORIGINS", ()),
         allowed_hosts=ALLOWED_HOSTS,
     )
     if _problems:

@@ -23,8 +23,8 @@ from tests.support import environment
 # Frames large enough to carry the inputs: the frame limit is not what is measured.
 STACK = environment.prepare("abp-bench-oversized-", ABP_MAX_FRAME_BYTES=str(64 * 1024 * 1024))
 
-from django.conf import settings  # noqa: E402
 
+from capabilities.conf import abp_settings  # noqa: E402
 from capabilities.models import Job  # noqa: E402
 from tests.support.agent import Agent  # noqa: E402
 
@@ -81,15 +81,15 @@ def main() -> None:
     size = int(parser.parse_args().megabytes * 1_000_000)
     STACK.start()
     try:
-        abp = settings.ABP
+        abp = abp_settings()
         print(
-            f"limits: markdown {abp['MAX_MARKDOWN_BYTES']} B, html {abp['MAX_HTML_BYTES']} B, "
-            f"image {abp['MAX_IMAGE_BYTES']} B (decoded); text inputs of {size / 1e6:.1f} MB"
+            f"limits: markdown {abp.MAX_MARKDOWN_BYTES} B, html {abp.MAX_HTML_BYTES} B, "
+            f"image {abp.MAX_IMAGE_BYTES} B (decoded); text inputs of {size / 1e6:.1f} MB"
         )
         measure("Markdown over its limit", "convert.markdownToHtml", {"markdown": "x" * size})
         measure("HTML over its limit", "export.pdf", {"html": "<p>x</p>" * (size // 8)})
         # Base64 of 10% more bytes than the image limit.
-        image = {"content": "QUJD" * int(abp["MAX_IMAGE_BYTES"] * 1.1 / 3), "encoding": "base64"}
+        image = {"content": "QUJD" * int(abp.MAX_IMAGE_BYTES * 1.1 / 3), "encoding": "base64"}
         measure("base64 image over its limit", "process.image", {"image": image})
     finally:
         STACK.stop()

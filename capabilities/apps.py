@@ -3,10 +3,10 @@
 import logging
 
 from django.apps import AppConfig
-from django.conf import settings
 from django.core import checks
 
 from capabilities.checks import development_password_in_use, local_lane_time_limit
+from capabilities.conf import abp_settings
 
 logger = logging.getLogger("capabilities")
 
@@ -27,7 +27,7 @@ class CapabilitiesConfig(AppConfig):
         registry.autodiscover()
         checks.register(development_password_in_use, checks.Tags.security)
         checks.register(local_lane_time_limit)
-        if settings.ABP["ALLOW_ANONYMOUS"]:
+        if abp_settings().ALLOW_ANONYMOUS:
             # Production refuses this setting; in development, say it loudly.
             logger.warning(
                 "ABP_ALLOW_ANONYMOUS is on: WebSocket clients without an agent key are "

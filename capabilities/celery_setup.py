@@ -34,13 +34,13 @@ def configure(app: Celery) -> None:
 
 
 def schedule() -> dict[str, dict[str, Any]]:
-    """Beat's entries: the reaper every ABP["REAPER_INTERVAL_SECONDS"], the hourly clean-up."""
-    abp = conf.merged("ABP")
-    small = {"queue": abp["QUEUES"]["small"]}
+    """Beat's entries: the reaper every REAPER_INTERVAL_SECONDS, the hourly clean-up."""
+    abp = conf.abp_settings()
+    small = {"queue": abp.QUEUES.small}
     return {
         "abp-reap": {
             "task": "abp.reap",
-            "schedule": float(abp["REAPER_INTERVAL_SECONDS"]),
+            "schedule": abp.REAPER_INTERVAL_SECONDS,
             "options": small,
         },
         "abp-clean-up": {

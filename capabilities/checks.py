@@ -18,6 +18,8 @@ from django.contrib.auth.hashers import check_password
 from django.core import checks
 from django.db import DatabaseError, connections, router
 
+from capabilities.conf import abp_settings
+
 # Each password check costs one full hash (~0.3-0.5 s): the development superuser's
 # name, then at most this many other active superusers.
 MAX_SUPERUSERS_CHECKED = 5
@@ -72,9 +74,9 @@ def _accounts_with_development_password() -> list[str]:
 
 def local_lane_time_limit(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
     """An Error if local runs may last as long as a dead worker is waited for."""
-    abp = settings.ABP
-    limit, lost_after = abp["LOCAL_LANE_TIME_LIMIT_SECONDS"], abp["WORKER_LOST_AFTER_SECONDS"]
-    if abp["LOCAL_LANE_PROCESSES"] <= 0 or limit < lost_after:
+    abp = abp_settings()
+    limit, lost_after = abp.LOCAL_LANE_TIME_LIMIT_SECONDS, abp.WORKER_LOST_AFTER_SECONDS
+    if abp.LOCAL_LANE_PROCESSES <= 0 or limit < lost_after:
         return []
     return [
         checks.Error(

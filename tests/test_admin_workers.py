@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from capabilities.admin.workers import Overview, QueueRow
+from capabilities.conf import abp_settings
 from capabilities.jobs import workers
 from capabilities.models import AgentSession, Job, JobStatus
 from capabilities.work import registry
@@ -109,7 +110,7 @@ def test_a_live_worker_shows_its_queues_concurrency_jobs_and_heartbeat(staff: Cl
         1,
     )
     # The other queues have no worker here: their capabilities are named unavailable.
-    assert queue_row(overview, settings.ABP["QUEUES"]["heavy"]).slots == 0
+    assert queue_row(overview, abp_settings().QUEUES.heavy).slots == 0
     assert "export.pdf" in overview.unavailable
     assert "process.image" not in overview.unavailable
     assert 'id="unavailable"' in html

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from django.conf import settings
-
+from capabilities.conf import abp_settings
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running, wait_stopped, wait_stopped_by_cancel
@@ -81,7 +80,7 @@ def test_work_that_cannot_be_interrupted_is_killed_after_the_grace_period(
     assert job.hard_killed
     # Killed only once the grace period had passed since the cancel (no upper bound: the
     # wait above is the only limit a loaded machine needs).
-    grace = settings.ABP["HARD_KILL_GRACE_SECONDS"]
+    grace = abp_settings().HARD_KILL_GRACE_SECONDS
     assert seconds_between(job.settled_at, job.stopped_at) >= grace
     # The pool replaced the killed child: the worker still runs jobs.
     quick = agent.call("test.sleep", {"steps": 1, "stepMs": 1}, call_id="after-kill")

@@ -171,3 +171,35 @@ def test_the_options_go_before_the_command_or_after_it() -> None:
     assert parse(["--url", "ws://a/abp/ws", "capabilities", "--url", "ws://b/abp/ws"]).url == (
         "ws://b/abp/ws"  # the last one given, as anywhere in argparse
     )
+
+
+def test_an_error_is_told_in_plain_words() -> None:
+    from abp_jobs_client.cli import explained
+    from abp_jobs_client.errors import ABPError
+
+    limited = ABPError.from_wire(
+        {
+            "code": "RATE_LIMITED",
+            "message": "Too many calls.",
+            "retryable": True,
+            "retryAfter": 1500,
+        }
+    )
+    assert explained("failed", limited) == (
+        "failed: Too many calls. (RATE_LIMITED)\n  the server asks to try again in 1.5 s"
+    )
+    bad = ABPError.from_wire(
+        {"code": "INVALID_PARAMS", "message": "Not a string.", "details": {"path": "params.html"}}
+    )
+    assert explained("failed", bad) == "failed: Not a string. (INVALID_PARAMS)\n  at params.html"
+    lost = ABPError.from_wire({"code": "WORKER_LOST", "message": "Died.", "retryable": True})
+    assert explained("failed", lost) == "failed: Died. (WORKER_LOST)\n  trying again may work"
+
+
+def test_help_shows_an_example_per_command() -> None:
+    for command in ([], ["capabilities"], ["call"]):
+        shown = subprocess.run(
+            [*CLI, *command, "--help"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        examples = shown.split("examples:\n", 1)[1]
+        assert f"abp-jobs {command[0] if command else ''}".strip() in examples

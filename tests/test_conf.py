@@ -1,4 +1,4 @@
-"""The app's settings: a host's partial ABP over the defaults, and Celery's part of it."""
+"""The app's settings: a host's partial ABP over the typed defaults, and Celery's part of it."""
 
 from __future__ import annotations
 
@@ -7,33 +7,48 @@ from typing import Any
 
 import pytest
 from celery import Celery, _state
-from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
+from pydantic import ValidationError
 
 from capabilities import celery_setup, conf
+from capabilities.conf import abp_settings
+from capabilities.config.schema import AbpSettings, Queues
 
 
-def test_the_demo_sets_every_key_the_app_has_a_default_for() -> None:
-    assert set(settings.ABP) == set(conf.DEFAULTS)
-    assert set(settings.ABP_METRICS) == set(conf.METRICS_DEFAULTS)
-    assert set(settings.ABP_STORAGE) == set(conf.STORAGE_DEFAULTS)
-
-
-def test_a_partial_abp_is_merged_over_the_defaults_and_restored_after() -> None:
-    before = settings.ABP
+def test_a_partial_abp_is_read_over_the_defaults_and_restored_after() -> None:
+    before = abp_settings()
     with override_settings(ABP={"MAX_TIMEOUT_MS": 5000, "QUEUES": {"heavy": "reports"}}):
-        assert settings.ABP["MAX_TIMEOUT_MS"] == 5000
-        # One level deeper for dicts: the other queue keeps its default.
-        assert settings.ABP["QUEUES"] == {"small": "abp.small", "heavy": "reports"}
-        assert settings.ABP["CALLS_PER_MINUTE"] == conf.DEFAULTS["CALLS_PER_MINUTE"]
-    assert settings.ABP is before
+        assert abp_settings().MAX_TIMEOUT_MS == 5000
+        # The other queue keeps its default.
+        assert Queues(small="abp.small", heavy="reports") == abp_settings().QUEUES
+        assert abp_settings().CALLS_PER_MINUTE == AbpSettings().CALLS_PER_MINUTE
+    assert abp_settings() == before
 
 
-def test_the_defaults_are_never_changed_by_a_merge() -> None:
-    with override_settings(ABP={"LOCAL_LANE_CAPABILITIES": ["reports.squares"]}):
-        settings.ABP["TRUSTED_PROXIES"].append("10.0.0.1")
-    assert conf.DEFAULTS["TRUSTED_PROXIES"] == []
-    assert conf.DEFAULTS["LOCAL_LANE_CAPABILITIES"] == ["convert.markdownToHtml"]
+def test_a_bad_value_is_an_error_naming_each_bad_key() -> None:
+    bad = {"MAX_TIMEOUT_MS": "soon", "QUEUES": {"heavy": ""}, "LOCAL_LANE_PROCESSES": -1}
+    with override_settings(ABP=bad), pytest.raises(ImproperlyConfigured) as refused:
+        abp_settings()
+    assert str(refused.value).splitlines() == [
+        "settings.ABP['MAX_TIMEOUT_MS']: Input should be a valid integer, unable to parse"
+        " string as an integer (got 'soon').",
+        "settings.ABP['LOCAL_LANE_PROCESSES']: Input should be greater than or equal to 0"
+        " (got -1).",
+        "settings.ABP['QUEUES']['heavy']: String should have at least 1 character (got '').",
+    ]
+
+
+def test_the_app_refuses_to_start_with_a_bad_value() -> None:
+    redirect_from_disk = override_settings(ABP_STORAGE={"DOWNLOAD_REDIRECT": True})
+    with redirect_from_disk, pytest.raises(ImproperlyConfigured, match=r"REDIRECT'\]: needs"):
+        conf.install()
+    conf.install()
+
+
+def test_the_settings_are_frozen() -> None:
+    with pytest.raises(ValidationError, match="frozen"):
+        abp_settings().MAX_TIMEOUT_MS = 1
 
 
 def test_a_key_the_app_does_not_know_is_a_warning() -> None:
@@ -74,10 +89,10 @@ def test_configure_adds_the_worker_tasks_and_beat_entries_on_the_small_queue() -
     app = configured(imports=("host.tasks",))
     assert app.conf.imports == ("host.tasks", celery_setup.TASKS_MODULE)
     schedule = app.conf.beat_schedule
-    small = settings.ABP["QUEUES"]["small"]
+    small = abp_settings().QUEUES.small
     assert schedule["abp-reap"] == {
         "task": "abp.reap",
-        "schedule": float(settings.ABP["REAPER_INTERVAL_SECONDS"]),
+        "schedule": abp_settings().REAPER_INTERVAL_SECONDS,
         "options": {"queue": small},
     }
     assert schedule["abp-clean-up"]["options"] == {"queue": small}

@@ -18,7 +18,9 @@ READS = re.compile(
 def test_env_example_lists_every_variable_settings_read() -> None:
     read = set(READS.findall((ROOT / "abpsite" / "settings.py").read_text()))
     documented = set(re.findall(r"^#([A-Z][A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.M))
-    assert len(read) > 40
+    # The rest, one per key of settings.ABP and its siblings, are read by their models
+    # (test_config_environment.py checks those).
+    assert len(read) > 30
     assert sorted(read - documented) == []
 
 

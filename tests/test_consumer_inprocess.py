@@ -30,6 +30,7 @@ from django.test import override_settings
 from capabilities.access import agent_keys
 from capabilities.calls import availability, budgets, start
 from capabilities.calls.availability import AVAILABILITY_GROUP
+from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle, notes, workers
 from capabilities.models import AgentSession, Job, JobStatus, session_group
 from capabilities.protocol import replies
@@ -56,7 +57,7 @@ def in_memory_layer() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def one_live_worker() -> Iterator[None]:
     """Live workers are read from Redis: here, one worker on every queue, always."""
-    queues = tuple(settings.ABP["QUEUES"].values())
+    queues = abp_settings().QUEUES.names()
     worker = workers.LiveWorker(
         hostname="test@inprocess", queues=queues, concurrency=4, jobs=(), pid=0, announced_at=0
     )

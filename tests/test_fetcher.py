@@ -33,6 +33,7 @@ from fontTools.pens.ttGlyphPen import TTGlyphPen  # type: ignore[import-untyped]
 from PIL import Image
 from weasyprint.urls import FatalURLFetchingError
 
+from capabilities.conf import abp_settings
 from capabilities.work.pdf import fetcher
 from capabilities.work.pdf.fetcher import (
     ResourceLimits,
@@ -470,7 +471,7 @@ def test_the_pixel_limit_is_capped_by_pillows_own() -> None:
 
 
 def test_the_default_allow_list_is_empty() -> None:
-    assert settings.ABP["URL_FETCH_ALLOWED_HOSTS"] == []
+    assert abp_settings().URL_FETCH_ALLOWED_HOSTS == ()
     with pytest.raises(URLNotAllowed):
         fetcher_from_settings().fetch("https://example.com/")
 

@@ -20,7 +20,6 @@ from unittest import mock
 
 import pytest
 from channels.testing import WebsocketCommunicator
-from django.conf import settings
 from django.test import override_settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
@@ -28,6 +27,7 @@ from hypothesis import strategies as st
 
 from capabilities.access import agent_keys
 from capabilities.calls import availability
+from capabilities.conf import abp_settings
 from capabilities.jobs import workers
 from capabilities.jsonrpc import codec
 from capabilities.protocol import (
@@ -356,7 +356,7 @@ def test_each_method_decodes_to_its_message(message: Message, expected: type) ->
 @pytest.fixture(autouse=True)
 def seams() -> Iterator[None]:
     """One live worker on every queue; the queue, rate limits and revokes never reach Redis."""
-    queues = tuple(settings.ABP["QUEUES"].values())
+    queues = abp_settings().QUEUES.names()
     worker = workers.LiveWorker(
         hostname="test@fuzz", queues=queues, concurrency=4, jobs=(), pid=0, announced_at=0
     )

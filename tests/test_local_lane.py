@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from capabilities.calls import cancellation, lane_pool, local_lane
+from capabilities.conf import abp_settings
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
@@ -214,7 +214,7 @@ def test_the_lane_heartbeat_keeps_a_job_from_the_reaper_until_it_is_settled() ->
     heartbeat = HeartbeatThread("test-lane-heartbeat", lane.beat)
     heartbeat.start()
     try:
-        lost_after = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"])
+        lost_after = abp_settings().WORKER_LOST_AFTER_SECONDS
         time.sleep(1.5 * lost_after + 0.5)
         job.refresh_from_db()
         assert job.status == JobStatus.RUNNING
@@ -276,10 +276,10 @@ def test_the_lane_takes_only_its_capabilities_small_params_and_while_it_has_room
     lane._pool = object()  # type: ignore[assignment]
     assert lane.takes("convert.markdownToHtml", SMALL)
     assert not lane.takes("export.pdf", {"html": "x"})
-    big = {"markdown": "x" * (settings.ABP["LOCAL_LANE_MAX_PARAMS_BYTES"] + 1)}
+    big = {"markdown": "x" * (abp_settings().LOCAL_LANE_MAX_PARAMS_BYTES + 1)}
     assert not lane.takes("convert.markdownToHtml", big)
-    abp = settings.ABP
-    room = abp["LOCAL_LANE_PROCESSES"] * (1 + abp["LOCAL_LANE_BACKLOG"])
+    abp = abp_settings()
+    room = abp.LOCAL_LANE_PROCESSES * (1 + abp.LOCAL_LANE_BACKLOG)
     # Each place is held from the start's check (before its row is written) to the
     # run's end: a burst of starts in one database hop cannot overfill the backlog.
     for _ in range(room - 1):  # running, waiting for a process, or being written

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.test import override_settings
 from jsonschema import Draft202012Validator
 
+from capabilities.conf import abp_settings
 from capabilities.protocol import WireError
 from capabilities.work.context import CapabilityError, JobAborted
 from capabilities.work.markdown import runner as markdown_html
@@ -194,7 +195,7 @@ def test_the_limit_counts_utf8_bytes() -> None:
 
 
 def test_the_default_limit_is_one_mib() -> None:
-    assert settings.ABP["MAX_MARKDOWN_BYTES"] == 1024 * 1024
+    assert abp_settings().MAX_MARKDOWN_BYTES == 1024 * 1024
 
 
 # Params the input schema refuses never reach the runner: these are the wire's errors.

@@ -17,10 +17,10 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
-from django.conf import settings
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
 
+from capabilities.conf import abp_settings
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.mcp_clients import TASKS_EXTENSION, RawSession, official_client, suite_key
 from tests.support.stack import Stack
@@ -73,7 +73,7 @@ async def create(session: RawSession, arguments: dict[str, Any], **task: Any) ->
 
 
 def retention_ms() -> int:
-    return int(settings.ABP["JOB_RETENTION_DAYS"]) * 86_400_000
+    return int(abp_settings().JOB_RETENTION_DAYS * 86_400_000)
 
 
 @pytest.mark.parametrize(("mode", "served"), [("legacy", True), ("auto", False)])

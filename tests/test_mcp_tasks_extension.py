@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from django.conf import settings
 from mcp_types.jsonrpc import HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY
 
 from capabilities.access import agent_keys
+from capabilities.conf import abp_settings
 from capabilities.mcp_door import tasks_extension
 from capabilities.models import SETTLED_STATUSES, CancelSource, Job, JobStatus
 from tests.support.mcp_clients import TASKS_EXTENSION, RawModern, suite_key
@@ -67,7 +67,7 @@ async def settled(client: RawModern, task_id: str, within: float = 10.0) -> dict
 
 
 def retention_ms() -> int:
-    return int(settings.ABP["JOB_RETENTION_DAYS"]) * 86_400_000
+    return int(abp_settings().JOB_RETENTION_DAYS * 86_400_000)
 
 
 def test_a_task_completes_with_the_plain_calls_result(stack: Stack) -> None:
@@ -105,7 +105,7 @@ def test_a_task_completes_with_the_plain_calls_result(stack: Stack) -> None:
 
 def test_a_task_outlives_its_request_and_the_grace_period(stack: Stack) -> None:
     # Longer than the reaper's grace period for sessions nobody holds.
-    grace_ms = float(settings.ABP["RESUME_GRACE_SECONDS"]) * 1000
+    grace_ms = abp_settings().RESUME_GRACE_SECONDS * 1000
     outliving = {"mode": "checkpoint", "steps": int(grace_ms * 1.5 / 50), "stepMs": 50}
     found: dict[str, Any] = {}
 

@@ -15,6 +15,7 @@ from django.test import override_settings
 from jsonschema import Draft202012Validator
 from pypdf import PdfReader
 
+from capabilities.conf import abp_settings
 from capabilities.protocol import WireError
 from capabilities.work.context import CapabilityError, JobAborted
 from capabilities.work.pdf import runner as pdf
@@ -371,7 +372,7 @@ def resource_refusal(html: str, **overrides: Any) -> CapabilityError:
 def test_a_font_declaring_too_much_is_invalid(font: bytes) -> None:
     error = resource_refusal(font_face(data_url("font/woff", font)))
     assert error.details is not None
-    assert error.details["limit"] == settings.ABP["MAX_FONT_BYTES"]
+    assert error.details["limit"] == abp_settings().MAX_FONT_BYTES
     assert "declaring" in error.message
 
 
@@ -395,7 +396,7 @@ def test_real_fonts_render(flavor: str | None) -> None:
 def test_an_image_over_the_pixel_limit_is_invalid(png: bytes, template: str) -> None:
     error = resource_refusal(template.format(data_url("image/png", png)))
     assert error.details is not None
-    assert error.details["limit"] == settings.ABP["MAX_IMAGE_PIXELS"]
+    assert error.details["limit"] == abp_settings().MAX_IMAGE_PIXELS
     assert "pixels" in error.message
 
 
@@ -476,7 +477,7 @@ def nested_tables(depth: int) -> str:
     ids=["tables", "divs", "lists", "floats"],
 )
 def test_nesting_up_to_the_depth_limit_renders(opening: str, closing: str, per_level: int) -> None:
-    depth: int = settings.ABP["MAX_PDF_DEPTH"]
+    depth: int = abp_settings().MAX_PDF_DEPTH
     assert len(render({"html": nested(depth, opening, closing, per_level)}).pages) == 1
     ctx = RecordingContext()
     error = refusal({"html": nested(depth + 1, opening, closing, per_level)}, ctx)

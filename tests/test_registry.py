@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from capabilities.conf import abp_settings
 from capabilities.work import registry
 from capabilities.work.images import spec as images_spec
 from capabilities.work.schema_patterns import python_pattern
@@ -101,13 +102,13 @@ def test_a_larger_setting_keeps_the_schemas_own_maximum() -> None:
 
 def test_the_size_is_checked_before_the_schema() -> None:
     # Wrong in two ways: the size is what the agent hears about.
-    huge = {"html": "x" * (settings.ABP["MAX_HTML_BYTES"] + 1), "colour": "red"}
+    huge = {"html": "x" * (abp_settings().MAX_HTML_BYTES + 1), "colour": "red"}
     error = PDF.validate(huge)
     assert error is not None
     assert error.details == {
         "path": "params.html",
         "rule": "maxLength",
-        "limit": settings.ABP["MAX_HTML_BYTES"],
+        "limit": abp_settings().MAX_HTML_BYTES,
     }
 
 

@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from capabilities.access import agent_keys, page_tokens
 from capabilities.calls import key_revocation
+from capabilities.conf import abp_settings
 from capabilities.models import AgentKey, AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running, wait_stopped
@@ -343,9 +344,8 @@ def test_calls_beyond_the_session_queue_are_refused(stack: Stack) -> None:
 
 
 def test_timeout_over_the_maximum_is_refused(agent: Agent) -> None:
-    from django.conf import settings
 
-    too_long = settings.ABP["MAX_TIMEOUT_MS"] + 1
+    too_long = abp_settings().MAX_TIMEOUT_MS + 1
     payload = agent.result_of(agent.call("test.sleep", {}, timeout_ms=too_long))["payload"]
     assert payload["error"]["code"] == "INVALID_PARAMS"
     assert payload["error"]["details"]["path"] == "payload.options.timeout"

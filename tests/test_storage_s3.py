@@ -446,14 +446,14 @@ def test_a_spilled_input_of_a_job_that_never_ran_is_removed_by_retention(s3: S3S
     [
         ({"ABP_STORAGE_BACKEND": "ftp"}, "ABP_STORAGE_BACKEND must be filesystem or s3"),
         ({"ABP_STORAGE_BACKEND": "s3", "ABP_S3_BUCKET": ""}, "needs ABP_S3_BUCKET"),
-        ({"ABP_DOWNLOAD_REDIRECT": "1"}, "ABP_DOWNLOAD_REDIRECT needs a store"),
+        ({"ABP_DOWNLOAD_REDIRECT": "1"}, "ABP_DOWNLOAD_REDIRECT: needs a store that signs URLs"),
         (
             {
                 "ABP_STORAGE_BACKEND": "s3",
                 "ABP_S3_BUCKET": "b",
                 "ABP_DOWNLOAD_REDIRECT_SECONDS": "0",
             },
-            "ABP_DOWNLOAD_REDIRECT_SECONDS must be",
+            "ABP_DOWNLOAD_REDIRECT_SECONDS: Input should be greater than or equal to 1",
         ),
     ],
 )

@@ -22,6 +22,7 @@ from django.test import override_settings
 from PIL import Image
 
 from capabilities.access.agent_keys import create_key
+from capabilities.conf import abp_settings
 from capabilities.jobs import inputs, retention, uploads
 from capabilities.models import AgentSession, Job
 from capabilities.protocol import ErrorCode
@@ -172,7 +173,7 @@ def test_a_reference_with_content_too_is_refused(stack: Stack, agent: Agent) -> 
 def test_over_the_limit_is_413_from_the_headers_and_nothing_is_stored(
     stack: Stack, agent: Agent
 ) -> None:
-    limit = int(settings.ABP["MAX_UPLOAD_BYTES"])
+    limit = abp_settings().MAX_UPLOAD_BYTES
     connection = http.client.HTTPConnection("127.0.0.1", stack.web_port, timeout=30)
     try:
         # The headers alone: the answer comes without a byte of the body sent.
@@ -315,7 +316,7 @@ def test_the_worker_gets_bytes_or_the_refusal() -> None:
 def test_retention_deletes_uploads_past_their_last_use() -> None:
     folder = uploads.folder(_session())
     now = int(time.time())
-    last_use = settings.ABP["MAX_TIMEOUT_MS"] // 1000
+    last_use = abp_settings().MAX_TIMEOUT_MS // 1000
     old = default_storage.save(f"{folder}{now - last_use - 10}-{'a' * 32}", ContentFile(b"o"))
     # Expired, but a call accepted just before that may still be waiting for a worker.
     recent = default_storage.save(f"{folder}{now - 10}-{'b' * 32}", ContentFile(b"r"))

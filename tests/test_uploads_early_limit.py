@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from daphne.http_protocol import HTTPFactory, WebRequest
-from django.conf import settings
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
+from capabilities.conf import abp_settings
 from capabilities.web import uploads_early_limit
 
 
@@ -67,7 +67,7 @@ def _answer(transport: StringTransport) -> tuple[int, dict[str, Any]]:
 
 def test_over_the_limit_is_answered_before_the_body(daphne: Any) -> None:
     channel, transport, server = daphne
-    size = int(settings.ABP["MAX_UPLOAD_BYTES"]) + 1
+    size = abp_settings().MAX_UPLOAD_BYTES + 1
     channel.dataReceived(
         _headers("PUT", "/abp/uploads", **{"Content-Length": str(size), "Expect": "100-continue"})
     )
@@ -91,7 +91,7 @@ def test_chunked_without_length_is_answered_411(daphne: Any) -> None:
 @pytest.mark.parametrize(("method", "path"), [("PUT", "/abp/uploads"), ("PUT", "/admin/x")])
 def test_other_requests_are_read_as_before(daphne: Any, method: str, path: str) -> None:
     channel, transport, _ = daphne
-    length = 10 if path == "/abp/uploads" else int(settings.ABP["MAX_UPLOAD_BYTES"]) + 1
+    length = 10 if path == "/abp/uploads" else abp_settings().MAX_UPLOAD_BYTES + 1
     channel.dataReceived(_headers(method, path, **{"Content-Length": str(length)}))
     assert transport.io.getvalue() == b""
     assert not transport.disconnecting

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.conf import settings
-
+from capabilities.conf import abp_settings
 from capabilities.models import Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
-LIMIT_MB = int(settings.ABP["WORKER_MEMORY_LIMIT_MB"])
+LIMIT_MB = abp_settings().WORKER_MEMORY_LIMIT_MB
 BOMB_MB = LIMIT_MB + 512
 
 

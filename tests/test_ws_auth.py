@@ -11,6 +11,7 @@ from django.test import override_settings
 from capabilities.access import agent_keys, page_tokens
 from capabilities.access import credentials as ws_auth
 from capabilities.calls import key_revocation
+from capabilities.conf import abp_settings
 from capabilities.models import AgentKey
 from capabilities.protocol import closes
 
@@ -66,8 +67,8 @@ def test_a_key_authenticates_and_carries_its_own_limits() -> None:
 def test_keys_without_limits_use_the_settings() -> None:
     _, plaintext = agent_keys.create_key("defaults")
     principal = ws_auth.authenticate(scope(query=f"access_token={plaintext}"))
-    assert principal.max_concurrent_calls == settings.ABP["MAX_CONCURRENT_CALLS"]
-    assert principal.calls_per_minute == settings.ABP["CALLS_PER_MINUTE"]
+    assert principal.max_concurrent_calls == abp_settings().MAX_CONCURRENT_CALLS
+    assert principal.calls_per_minute == abp_settings().CALLS_PER_MINUTE
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 
 from capabilities.access import agent_keys, page_tokens
 from capabilities.access.principal import Principal
+from capabilities.conf import abp_settings
 from capabilities.protocol.text import unstorable
 
 SUBPROTOCOL = "abp"
@@ -93,7 +93,7 @@ def authenticate(scope: Mapping[str, Any]) -> Principal:
     if presented and unstorable(presented):
         raise Refused("invalid-credentials")
     if not presented:
-        if settings.ABP["ALLOW_ANONYMOUS"]:
+        if abp_settings().ALLOW_ANONYMOUS:
             return Principal(kind="anonymous", key=None, client_address=address)
         raise Refused("missing-credentials")
     if agent_keys.looks_like_key(presented):

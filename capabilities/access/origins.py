@@ -6,6 +6,7 @@ Pure (no Django models): settings validate their lists with it at start.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # scheme://host[:port], where the port may be `*` (any port), as CSP's frame-ancestors
 # writes it. Browsers send origins without a path and without the default port.
@@ -34,7 +35,7 @@ def normalize_origin(value: str) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def normalize_all(values: list[str]) -> list[str]:
+def normalize_all(values: Iterable[str]) -> list[str]:
     """Each entry normalized, duplicates dropped, order kept."""
     origins: list[str] = []
     for value in values:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import secrets
 
-from django.conf import settings
 from django.core import signing
 
 from capabilities.access.origins import BadOrigin, normalize_origin
+from capabilities.conf import abp_settings
 
 SALT = "capabilities.page-token"
 START = "page."
@@ -37,7 +37,7 @@ def _signer() -> signing.TimestampSigner:
 
 def max_age() -> int:
     """Seconds a token stays valid for opening a connection."""
-    return int(settings.ABP["PAGE_TOKEN_MAX_AGE_SECONDS"])
+    return abp_settings().PAGE_TOKEN_MAX_AGE_SECONDS
 
 
 def issue(origin: str) -> str:

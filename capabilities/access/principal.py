@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from django.conf import settings
-
+from capabilities.conf import abp_settings
 from capabilities.models import AgentKey
 
 
@@ -32,27 +31,27 @@ class Principal:
     @property
     def max_concurrent_calls(self) -> int:
         """Jobs running at once: this principal's share of the workers."""
-        return self._limit("max_concurrent_calls", "MAX_CONCURRENT_CALLS")
+        return self._limit("max_concurrent_calls", abp_settings().MAX_CONCURRENT_CALLS)
 
     @property
     def max_queued_calls(self) -> int:
         """Calls queued or running at once in one session."""
-        return self._limit("max_queued_calls", "MAX_QUEUED_CALLS")
+        return self._limit("max_queued_calls", abp_settings().MAX_QUEUED_CALLS)
 
     @property
     def max_calls_in_flight(self) -> int:
         """Calls queued or running at once across all of this principal's sessions."""
         # A key allowed a longer queue per session may fill it.
         own = self.key.max_queued_calls if self.key is not None else None
-        setting = self._limit(None, "MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL")
+        setting = self._limit(None, abp_settings().MAX_CALLS_IN_FLIGHT_PER_PRINCIPAL)
         return setting if self.kind == "page" else max(setting, own or 0)
 
-    def _limit(self, key_field: str | None, setting: str) -> int:
-        """The key's own value of a limit, else the setting; a page token's is its own."""
+    def _limit(self, key_field: str | None, setting: int) -> int:
+        """The key's own value of a limit, else the setting's; a page token's is its own."""
         if self.kind == "page":
-            return int(settings.ABP["PAGE_TOKEN_MAX_CONCURRENT_CALLS"])
+            return abp_settings().PAGE_TOKEN_MAX_CONCURRENT_CALLS
         own = getattr(self.key, key_field) if key_field and self.key is not None else None
-        return int(own if own is not None else settings.ABP[setting])
+        return int(own) if own is not None else setting
 
     @property
     def max_open_sessions(self) -> int:
@@ -62,30 +61,30 @@ class Principal:
         clients); page tokens get their own, per client address.
         """
         if self.kind == "page":
-            return int(settings.ABP["PAGE_TOKEN_MAX_OPEN_SESSIONS"])
+            return abp_settings().PAGE_TOKEN_MAX_OPEN_SESSIONS
         own = self.key.max_open_sessions if self.key is not None else None
-        return int(own if own is not None else settings.ABP["MAX_OPEN_SESSIONS_PER_PRINCIPAL"])
+        return int(own if own is not None else abp_settings().MAX_OPEN_SESSIONS_PER_PRINCIPAL)
 
     @property
     def calls_per_minute(self) -> int:
         """Calls per minute in this principal's budget."""
         if self.kind == "page":
-            return int(settings.ABP["PAGE_TOKEN_CALLS_PER_MINUTE"])
+            return abp_settings().PAGE_TOKEN_CALLS_PER_MINUTE
         own = self.key.calls_per_minute if self.key is not None else None
-        return int(own if own is not None else settings.ABP["CALLS_PER_MINUTE"])
+        return int(own if own is not None else abp_settings().CALLS_PER_MINUTE)
 
     @property
     def max_params_bytes(self) -> int | None:
         """The largest call (its params as JSON), or None for no limit beyond the frame's."""
-        return int(settings.ABP["PAGE_TOKEN_MAX_PARAMS_BYTES"]) if self.kind == "page" else None
+        return abp_settings().PAGE_TOKEN_MAX_PARAMS_BYTES if self.kind == "page" else None
 
     def max_timeout_ms(self, capability_max_ms: int) -> int:
         """The longest options.timeout, given the capability's own maximum."""
         if self.kind == "page":
-            return min(capability_max_ms, int(settings.ABP["PAGE_TOKEN_MAX_TIMEOUT_MS"]))
+            return min(capability_max_ms, abp_settings().PAGE_TOKEN_MAX_TIMEOUT_MS)
         return capability_max_ms
 
     def may_call(self, capability: str) -> bool:
         """Whether this principal may call the capability at all."""
-        allowed: list[str] = settings.ABP["PAGE_TOKEN_CAPABILITIES"]
+        allowed = abp_settings().PAGE_TOKEN_CAPABILITIES
         return self.kind != "page" or not allowed or capability in allowed

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
@@ -21,6 +20,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import workers
 from capabilities.jobs.queue import queue_for
 from capabilities.models import ACTIVE_STATUSES, Job, JobStatus
@@ -111,10 +111,10 @@ def _queue_rows(live: list[workers.LiveWorker] | None) -> list[QueueRow]:
             dispatched=Count("id", filter=Q(dispatched_at__isnull=False)),
         )
     }
-    abp = settings.ABP
+    abp = abp_settings()
     names = {
-        *abp["QUEUES"].values(),
-        *abp["CAPABILITY_QUEUES"].values(),
+        *abp.QUEUES.names(),
+        *abp.CAPABILITY_QUEUES.values(),
         *routed,
         *counts,  # jobs routed by a setting since changed still wait somewhere
         *(queue for worker in live or () for queue in worker.queues),
@@ -149,8 +149,8 @@ def page(request: HttpRequest, model_admin: admin.ModelAdmin[Job]) -> TemplateRe
         "opts": Job._meta,
         "overview": overview(live),
         "redis_error": redis_error,
-        "announce_seconds": settings.ABP["WORKER_ANNOUNCE_SECONDS"],
-        "ttl_seconds": settings.ABP["WORKER_TTL_SECONDS"],
+        "announce_seconds": abp_settings().WORKER_ANNOUNCE_SECONDS,
+        "ttl_seconds": abp_settings().WORKER_TTL_SECONDS,
     }
     return TemplateResponse(request, "admin/capabilities/workers.html", context)
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from django.conf import settings
+from capabilities.conf import abp_settings
 
 
 def app_info() -> dict[str, str]:
     """The `app` object of initialize-result and the manifest."""
-    abp = settings.ABP
+    abp = abp_settings()
     return {
-        "id": abp["APP_ID"],
-        "name": abp["APP_NAME"],
-        "version": abp["APP_VERSION"],
-        "description": abp["APP_DESCRIPTION"],
+        "id": abp.APP_ID,
+        "name": abp.APP_NAME,
+        "version": abp.APP_VERSION,
+        "description": abp.APP_DESCRIPTION,
     }

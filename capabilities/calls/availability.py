@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from django.conf import settings
-
 from capabilities import redis_pool
+from capabilities.conf import abp_settings
 from capabilities.jobs import notes, queue, workers
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
@@ -66,7 +65,7 @@ def unavailable(capability: str) -> WireError | None:
     # a Redis that just lost its data refuses nothing (the call waits for a worker).
     if name in current().queues or name in refresh().queues or workers.registry_lost():
         return None
-    wait_ms = int(settings.ABP["UNAVAILABLE_RETRY_AFTER_MS"])
+    wait_ms = abp_settings().UNAVAILABLE_RETRY_AFTER_MS
     return WireError(
         code=ErrorCode.CAPABILITY_UNAVAILABLE,
         message=f"No worker is running {capability} now (queue {name}); retry after {wait_ms} ms.",
@@ -80,7 +79,7 @@ def announce_if_changed(snapshot: Snapshot) -> bool:
     """Tell every connected session if availability changed since it was last told."""
     states = snapshot.states()
     value = json.dumps(states, sort_keys=True)
-    key = f"{settings.ABP['WORKER_KEY_PREFIX']}availability"
+    key = f"{abp_settings().WORKER_KEY_PREFIX}availability"
     previous = redis_pool.sync_client().set(key, value, get=True)
     if not isinstance(previous, bytes) or previous.decode() == value:
         # Nothing was announced before: sessions got this state when they opened.

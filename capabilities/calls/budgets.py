@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -25,6 +24,7 @@ from django.utils import timezone
 from capabilities.access.principal import Principal
 from capabilities.calls import params_size, resumption, session_records
 from capabilities.calls.start_ticket import StartTicket
+from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle, queue
 from capabilities.jobs.slot_counts import SlotTally
 from capabilities.models import AgentSession, CancelSource, Door, Job
@@ -88,7 +88,7 @@ def create_job(
         "callsInFlight",
         "calls of yours may be queued or running at once, across all your sessions; "
         "wait for one to finish.",
-        retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
+        retry_after_ms=abp_settings().QUEUE_FULL_RETRY_AFTER_MS,
     )
     cancel_reason = ticket.seal() if ticket is not None else None
     created = lifecycle.create_job(

@@ -33,10 +33,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 
 from capabilities.calls import job_writes, lane_pool, params_size
 from capabilities.calls.lane_pool import LanePool
+from capabilities.conf import abp_settings
 from capabilities.jobs import abort_listener, lifecycle, results
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.models import CancelSource, Job, JobStatus
@@ -70,15 +70,15 @@ class LocalLane:
 
     def start(self) -> None:
         """Start the pool, if the lane is on (blocking: call it off the event loop)."""
-        abp = settings.ABP
-        processes = int(abp["LOCAL_LANE_PROCESSES"])
+        abp = abp_settings()
+        processes = abp.LOCAL_LANE_PROCESSES
         with self._start_lock:
             if self._pool is not None or processes <= 0:
                 return
             self._pool = LanePool(
                 processes,
-                int(abp["LOCAL_LANE_MEMORY_LIMIT_MB"]),
-                list(abp["LOCAL_LANE_CAPABILITIES"]),
+                abp.LOCAL_LANE_MEMORY_LIMIT_MB,
+                list(abp.LOCAL_LANE_CAPABILITIES),
             )
             self._heartbeat.start()
         logger.info("Local lane started: %s processes (%s)", processes, self.name)
@@ -99,13 +99,13 @@ class LocalLane:
         A place taken is given back by `give_back`: when its run ends, or when its
         start does not run it here after all.
         """
-        abp = settings.ABP
-        processes = int(abp["LOCAL_LANE_PROCESSES"])
+        abp = abp_settings()
+        processes = abp.LOCAL_LANE_PROCESSES
         taken = (
             self._pool is not None
-            and capability in abp["LOCAL_LANE_CAPABILITIES"]
-            and self._places < processes * (1 + int(abp["LOCAL_LANE_BACKLOG"]))
-            and params_size.json_fits(params, int(abp["LOCAL_LANE_MAX_PARAMS_BYTES"]))
+            and capability in abp.LOCAL_LANE_CAPABILITIES
+            and self._places < processes * (1 + abp.LOCAL_LANE_BACKLOG)
+            and params_size.json_fits(params, abp.LOCAL_LANE_MAX_PARAMS_BYTES)
         )
         self._places += taken
         return taken
@@ -166,7 +166,7 @@ def start_soon() -> None:
     With it, its watcher of abort flags.
     """
     global _starting, _watching  # noqa: PLW0603 - one lane per process
-    if _starting is None and int(settings.ABP["LOCAL_LANE_PROCESSES"]) > 0:
+    if _starting is None and abp_settings().LOCAL_LANE_PROCESSES > 0:
         _starting = asyncio.get_running_loop().run_in_executor(None, _lane.start)
         # Kill a run here when its job's abort flag goes up, whoever raised it,
         # wherever: the signal the workers hear, raised by every cancel that won.
@@ -191,7 +191,7 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
     _lane.unsettled.add(str(job.id))
     try:
         # The lane's own cap; the call's deadline cancels it as any call's does.
-        seconds = float(settings.ABP["LOCAL_LANE_TIME_LIMIT_SECONDS"])
+        seconds = abp_settings().LOCAL_LANE_TIME_LIMIT_SECONDS
         outcome = await _lane.run(str(job.id), job.capability, params, seconds)
         if outcome is None:  # stopped: whoever stopped it settled it first
             await database_sync_to_async(lifecycle.record_stopped)(job.id)

@@ -17,13 +17,13 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
 from capabilities.calls import cancellation
+from capabilities.conf import abp_settings
 from capabilities.jobs import notes
 from capabilities.models import (
     SETTLED_STATUSES,
@@ -45,7 +45,7 @@ EXPIRED_REASON = "expired: not resumed in time"
 
 def grace() -> timedelta:
     """How long a dropped session can be resumed."""
-    return timedelta(seconds=float(settings.ABP["RESUME_GRACE_SECONDS"]))
+    return timedelta(seconds=abp_settings().RESUME_GRACE_SECONDS)
 
 
 def keep_alive_interval() -> float:

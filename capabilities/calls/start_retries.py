@@ -18,10 +18,10 @@ import asyncio
 import logging
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from capabilities.calls import job_writes
+from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
@@ -37,7 +37,7 @@ _AWAY = (OperationalError, InterfaceError)
 async def stored(writing: asyncio.Future[Job], new: job_writes.NewJob) -> Job:
     """The job once its row is written (`writing`, then attempts of `new` as needed)."""
     loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + float(settings.ABP["START_RETRY_SECONDS"])
+    give_up_at = loop.time() + abp_settings().START_RETRY_SECONDS
     attempt = 0
     while True:
         try:

@@ -8,25 +8,25 @@ of abort_listener.py, in the workers and the local lane).
 from __future__ import annotations
 
 import redis.asyncio
-from django.conf import settings
 
 from capabilities import redis_pool
+from capabilities.conf import abp_settings
 
 
 def abort_key(job_id: str) -> str:
     """The Redis key of a job's abort flag."""
-    return f"{settings.ABP['ABORT_KEY_PREFIX']}{job_id}"
+    return f"{abp_settings().ABORT_KEY_PREFIX}{job_id}"
 
 
 def channel() -> str:
     """The pub/sub channel that announces every raised flag."""
-    return str(settings.ABP["ABORT_CHANNEL"])
+    return abp_settings().ABORT_CHANNEL
 
 
 def raise_flag(job_id: str) -> None:
     """Raise a job's abort flag and tell running workers, in one round trip."""
     pipe = redis_pool.sync_client().pipeline(transaction=False)
-    pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
+    pipe.set(abort_key(job_id), b"1", ex=abp_settings().ABORT_TTL_SECONDS)
     pipe.publish(channel(), job_id)
     pipe.execute()
 
@@ -37,7 +37,7 @@ async def raise_flag_async(job_id: str) -> None:
 
     async def raise_it() -> None:
         pipe = client.pipeline(transaction=False)
-        pipe.set(abort_key(job_id), b"1", ex=settings.ABP["ABORT_TTL_SECONDS"])
+        pipe.set(abort_key(job_id), b"1", ex=abp_settings().ABORT_TTL_SECONDS)
         pipe.publish(channel(), job_id)
         await pipe.execute()
 

@@ -25,10 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import notes, queue, row_updates, workers
 from capabilities.jobs.slot_counts import SlotCounts, slot_counts
 from capabilities.models import ACTIVE_STATUSES, Job, JobStatus
@@ -163,7 +163,7 @@ def _hand_over(name: str, principal: str, count: int) -> list[str]:
             status=JobStatus.QUEUED, dispatched_at__isnull=True, queue=name, principal=principal
         )
         .order_by("created_at")
-        .values_list(*_LINE_COLUMNS)[: count + int(settings.ABP["QUEUE_POSITION_UPDATES"])]
+        .values_list(*_LINE_COLUMNS)[: count + abp_settings().QUEUE_POSITION_UPDATES]
     ]
     sent: list[str] = []
     for job in line[:count]:
@@ -215,7 +215,7 @@ def redispatch_stale() -> int:
     With early acks, a worker that dies holds the messages it had reserved;
     starting a job is conditional (queued -> running), so a second copy runs once.
     """
-    cutoff = timezone.now() - timedelta(seconds=settings.ABP["REDISPATCH_AFTER_SECONDS"])
+    cutoff = timezone.now() - timedelta(seconds=abp_settings().REDISPATCH_AFTER_SECONDS)
     return _hand_back(Job.objects.filter(dispatched_at__lt=cutoff), "were never started")
 
 

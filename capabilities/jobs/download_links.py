@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core import signing
 from django.urls import reverse
 from django.utils import timezone
 
+from capabilities.conf import abp_settings
 from capabilities.models import Job
 
 SALT = "capabilities.downloads"
@@ -39,7 +39,7 @@ def folder(job_id: uuid.UUID | str) -> str:
 
 def reference(job: Job, ref: dict[str, Any], *, base_url: str) -> dict[str, Any]:
     """The BinaryDataReference of a stored result file."""
-    ttl = settings.ABP["DOWNLOAD_URL_TTL_SECONDS"]
+    ttl = abp_settings().DOWNLOAD_URL_TTL_SECONDS
     # The clock the signature's timestamp is read from.
     expires = datetime.fromtimestamp(int(time.time()) + ttl, tz=UTC)
     token = signing.dumps(
@@ -91,7 +91,7 @@ GONE = "This result is no longer kept."
 
 def resolve(token: str, filename: str) -> Link:
     """The file a token names; Refused (403, 404 or 410) if it may not be served."""
-    ttl = settings.ABP["DOWNLOAD_URL_TTL_SECONDS"]
+    ttl = abp_settings().DOWNLOAD_URL_TTL_SECONDS
     try:
         claims = signing.loads(token, salt=SALT, max_age=ttl)
     except signing.SignatureExpired:
@@ -119,7 +119,7 @@ def resolve(token: str, filename: str) -> Link:
         valid_until = min(valid_until, datetime.fromtimestamp(claims["e"], tz=UTC))
     settled_at: datetime | None = row["settled_at"]
     if settled_at is not None:
-        kept_until = settled_at + timedelta(seconds=settings.ABP["RESULT_RETENTION_SECONDS"])
+        kept_until = settled_at + timedelta(seconds=abp_settings().RESULT_RETENTION_SECONDS)
         if kept_until <= now:
             raise Refused(410, GONE)
         valid_until = min(valid_until, kept_until)

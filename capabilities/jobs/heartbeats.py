@@ -13,8 +13,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from django.conf import settings
 from django.db import close_old_connections, connection
+
+from capabilities.conf import abp_settings
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class HeartbeatThread(threading.Thread):
         self._stopped.set()
 
     def run(self) -> None:
-        interval = float(settings.ABP["WORKER_LOST_AFTER_SECONDS"]) / 3
+        interval = abp_settings().WORKER_LOST_AFTER_SECONDS / 3
         try:
             while not self._stopped.wait(interval):
                 try:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import dispatch, events, inputs, notes, queue, row_inserts, row_updates
 from capabilities.jobs.slot_counts import SlotCounts
 from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
@@ -96,13 +96,11 @@ def create_job(
     `run_by`: the caller runs it at once (calls/local_lane.py): the row is written
     running, by that worker, on the local queue, and never sent.
     """
-    timeout_ms = min(
-        timeout_ms or settings.ABP["DEFAULT_TIMEOUT_MS"], settings.ABP["MAX_TIMEOUT_MS"]
-    )
+    timeout_ms = min(timeout_ms or abp_settings().DEFAULT_TIMEOUT_MS, abp_settings().MAX_TIMEOUT_MS)
     now = timezone.now()
     job_id = uuid.uuid4()
     queue_name = queue.queue_for(capability)
-    share = settings.ABP["MAX_CONCURRENT_CALLS"] if max_running is None else max_running
+    share = abp_settings().MAX_CONCURRENT_CALLS if max_running is None else max_running
     if settled is not None:
         run_by, go_now = None, False
     elif run_by is not None:

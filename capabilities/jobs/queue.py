@@ -1,7 +1,7 @@
 """Queue and revoke job tasks by name: the job side never loads the worker's code.
 
 Each job goes to its capability's queue: the queue of its cost class (small or
-heavy, settings.ABP["QUEUES"]) unless ABP_CAPABILITY_QUEUES moves it elsewhere.
+heavy, abp_settings().QUEUES) unless ABP_CAPABILITY_QUEUES moves it elsewhere.
 
 Celery's `send_task` and `control.revoke` need only the task's name and the broker,
 so Daphne and the admin enqueue without importing the tasks (and with them
@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 
 from celery import current_app
-from django.conf import settings
 from django.utils import timezone
 
+from capabilities.conf import abp_settings
 from capabilities.models import Job
 from capabilities.work import registry
 
@@ -28,7 +28,7 @@ def enqueue(job: Job) -> None:
     """Queue the job's task (its id is the job's), with the deadline as backstops."""
     assert job.deadline is not None
     remaining = max((job.deadline - timezone.now()).total_seconds(), 0.001)
-    grace = settings.ABP["HARD_KILL_GRACE_SECONDS"]
+    grace = abp_settings().HARD_KILL_GRACE_SECONDS
     current_app.send_task(
         RUN_JOB,
         args=(str(job.id),),
@@ -45,14 +45,14 @@ def enqueue(job: Job) -> None:
 
 def queue_for(capability: str) -> str:
     """The queue a capability's jobs go to: its own setting, else its cost's."""
-    abp = settings.ABP
-    moved: str | None = abp["CAPABILITY_QUEUES"].get(capability)
+    abp = abp_settings()
+    moved: str | None = abp.CAPABILITY_QUEUES.get(capability)
     if moved:
         return moved
     spec = registry.get(capability)
     cost = spec.cost if spec is not None else "heavy"
     # A cost class's queue, or a queue of the capability's own (`cost="reports"`).
-    return str(abp["QUEUES"].get(cost, cost))
+    return abp.QUEUES.for_cost(cost)
 
 
 def revoke(job_id: str, *, kill: bool = False) -> None:

@@ -12,10 +12,10 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import download_links
 from capabilities.jobs.lifecycle import Outcome
 from capabilities.models import Job, JobStatus
@@ -109,9 +109,7 @@ def duration_ms(job: Job, *, settled_at: datetime | None = None) -> int:
 def materialize(job: Job, *, base_url: str, inline_max_bytes: int | None = None) -> dict[str, Any]:
     """The job's result data, its file references made BinaryData or references."""
     data: dict[str, Any] = job.result or {}
-    limit = (
-        settings.ABP["INLINE_RESULT_MAX_BYTES"] if inline_max_bytes is None else inline_max_bytes
-    )
+    limit = abp_settings().INLINE_RESULT_MAX_BYTES if inline_max_bytes is None else inline_max_bytes
     return {
         key: _binary(job, value, base_url, limit) if _is_file_ref(value) else value
         for key, value in data.items()

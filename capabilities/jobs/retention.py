@@ -22,11 +22,11 @@ import os
 import uuid
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.core.files.storage import default_storage
 from django.db.models import Q
 from django.utils import timezone
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import uploads
 from capabilities.jobs.download_links import RESULTS_DIR
 from capabilities.jobs.inputs import INPUTS_DIR
@@ -43,10 +43,10 @@ BATCH = 500
 def clean_up() -> tuple[int, int]:
     """One pass; returns (job folders removed, job rows removed)."""
     now = timezone.now()
-    files_before = now - timedelta(seconds=settings.ABP["RESULT_RETENTION_SECONDS"])
-    rows_before = now - timedelta(days=settings.ABP["JOB_RETENTION_DAYS"])
+    files_before = now - timedelta(seconds=abp_settings().RESULT_RETENTION_SECONDS)
+    rows_before = now - timedelta(days=abp_settings().JOB_RETENTION_DAYS)
     folders = sum(_remove_old_files(top, files_before) for top in FOLDERS)
-    last_use = now - timedelta(milliseconds=settings.ABP["MAX_TIMEOUT_MS"])
+    last_use = now - timedelta(milliseconds=abp_settings().MAX_TIMEOUT_MS)
     removed_uploads = remove_expired_uploads(int(last_use.timestamp()))
     if removed_uploads:
         logger.info("Removed %d expired uploads", removed_uploads)

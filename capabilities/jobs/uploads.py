@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, Protocol, cast
 
-from django.conf import settings
 from django.core import signing
 from django.core.files.base import File
 from django.core.files.storage import default_storage
 
+from capabilities.conf import abp_settings
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
 from capabilities.work.schemas import UPLOAD_REFERENCE_KEY
@@ -80,7 +80,7 @@ class Upload:
 
 def max_bytes() -> int:
     """The largest upload (ABP_MAX_UPLOAD_BYTES)."""
-    return int(settings.ABP["MAX_UPLOAD_BYTES"])
+    return abp_settings().MAX_UPLOAD_BYTES
 
 
 def folder(session_id: str) -> str:
@@ -96,7 +96,7 @@ def expiry_of(file_name: str) -> int | None:
 
 def store(session_id: str, body: _Readable, *, size: int, mime_type: str) -> Upload:
     """Write `size` bytes of `body` to storage once, as an upload of the session."""
-    expires_at = int(time.time()) + int(settings.ABP["UPLOAD_TTL_SECONDS"])
+    expires_at = int(time.time()) + abp_settings().UPLOAD_TTL_SECONDS
     name = f"{folder(session_id)}{expires_at}-{secrets.token_hex(16)}"
     reader = _Exactly(body, size)
     stored = default_storage.save(name, File(cast(IO[bytes], reader), name=name))

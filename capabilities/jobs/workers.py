@@ -16,10 +16,10 @@ from functools import cache
 from typing import Any
 
 import redis
-from django.conf import settings
 from redis.commands.core import Script
 
 from capabilities import redis_pool
+from capabilities.conf import abp_settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +63,7 @@ class LiveWorker:
 
 
 def _prefix() -> str:
-    return str(settings.ABP["WORKER_KEY_PREFIX"])
+    return abp_settings().WORKER_KEY_PREFIX
 
 
 def _index() -> str:
@@ -80,7 +80,7 @@ def announce(worker: LiveWorker) -> bool:
     pipe.set(
         f"{_prefix()}{worker.hostname}",
         json.dumps(worker.to_json()),
-        px=int(settings.ABP["WORKER_TTL_SECONDS"] * 1000),
+        px=int(abp_settings().WORKER_TTL_SECONDS * 1000),
     )
     pipe.sadd(_index(), worker.hostname)
     _mark_script()(keys=[_marker(), _settling()], args=[_ttl_ms()], client=pipe)
@@ -106,7 +106,7 @@ def _mark_script() -> Script:
 
 
 def _ttl_ms() -> int:
-    return int(float(settings.ABP["WORKER_TTL_SECONDS"]) * 1000)
+    return int(abp_settings().WORKER_TTL_SECONDS * 1000)
 
 
 def withdraw(hostname: str) -> None:
@@ -144,7 +144,7 @@ def registry_lost() -> bool:
 def recent() -> list[LiveWorker]:
     """The live workers as last read, read again if older than AVAILABILITY_POLL_SECONDS."""
     seen = _seen
-    if seen is None or time.monotonic() - seen[0] > settings.ABP["AVAILABILITY_POLL_SECONDS"]:
+    if seen is None or time.monotonic() - seen[0] > abp_settings().AVAILABILITY_POLL_SECONDS:
         return live_workers()
     return seen[1]
 

@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from capabilities.access import credentials
 from capabilities.access.principal import Principal
+from capabilities.conf import abp_settings
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import server, sessions
 from capabilities.mcp_door.tool_calls import PRINCIPAL_SCOPE_KEY
@@ -53,7 +54,7 @@ def transport_security() -> TransportSecuritySettings:
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=hosts,
-        allowed_origins=list(settings.ABP["ALLOWED_ORIGINS"]),
+        allowed_origins=list(abp_settings().ALLOWED_ORIGINS),
     )
 
 
@@ -92,8 +93,8 @@ class MCPDoor:
                 json_response=False,
                 stateless=False,
                 security_settings=transport_security(),
-                max_request_body_size=int(settings.ABP["MAX_FRAME_BYTES"]),
-                session_idle_timeout=float(settings.ABP["MCP_SESSION_IDLE_SECONDS"]),
+                max_request_body_size=abp_settings().MAX_FRAME_BYTES,
+                session_idle_timeout=abp_settings().MCP_SESSION_IDLE_SECONDS,
             )
             self._running = asyncio.get_running_loop().create_future()
             self._task = asyncio.get_running_loop().create_task(self._serve(self._running))

@@ -6,11 +6,11 @@ from typing import Any
 
 import mcp_types as types
 from channels.db import database_sync_to_async
-from django.conf import settings
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
 from capabilities.calls import availability
+from capabilities.conf import abp_settings
 from capabilities.mcp_door import (
     early_cancels,
     extensions,
@@ -32,12 +32,12 @@ async def list_tools(
 
 def build() -> Server[Any]:
     """The low-level server of this process."""
-    abp = settings.ABP
+    abp = abp_settings()
     server: Server[Any] = Server(
-        abp["APP_ID"],
-        version=abp["APP_VERSION"],
-        title=abp["APP_NAME"],
-        description=abp["APP_DESCRIPTION"],
+        abp.APP_ID,
+        version=abp.APP_VERSION,
+        title=abp.APP_NAME,
+        description=abp.APP_DESCRIPTION,
         on_list_tools=list_tools,
         on_call_tool=tool_calls.call_tool,
     )

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
-from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle, results
 from capabilities.mcp_door import tools
 from capabilities.models import Job, JobStatus
@@ -56,7 +56,7 @@ def task_of(job: Job) -> types.Task:
 
 def retention_ms() -> int:
     """How long a settled task's row is kept (JOB_RETENTION_DAYS): the longest ttl granted."""
-    return int(settings.ABP["JOB_RETENTION_DAYS"]) * 86_400_000
+    return int(abp_settings().JOB_RETENTION_DAYS * 86_400_000)
 
 
 def status_message(job: Job) -> str | None:

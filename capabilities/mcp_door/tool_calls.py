@@ -20,12 +20,12 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from django.conf import settings
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from capabilities.access.principal import Principal
 from capabilities.calls import answers, budgets, start
+from capabilities.conf import abp_settings
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import call_watch, early_cancels, sessions, tools
 from capabilities.models import CancelSource, Job
@@ -183,7 +183,7 @@ def progress_token_of(ctx: ServerRequestContext[Any, Any]) -> str | int | None:
 
 def base_url(ctx: ServerRequestContext[Any, Any]) -> str:
     """Where download URLs start: PUBLIC_BASE_URL, else this request's own base."""
-    configured: str = settings.ABP["PUBLIC_BASE_URL"]
+    configured: str = abp_settings().PUBLIC_BASE_URL
     if configured:
         return configured
     url = getattr(ctx.request, "base_url", None)

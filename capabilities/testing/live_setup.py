@@ -12,13 +12,14 @@ import json
 import sys
 from typing import Any
 
+from capabilities.conf import abp_settings
+
 
 def prepare(name: str) -> dict[str, Any]:
     """Migrate, create the key, and say what the stack's processes need."""
     import django
 
     django.setup()
-    from django.conf import settings
     from django.core.management import call_command
 
     from capabilities.access.agent_keys import create_key
@@ -27,9 +28,9 @@ def prepare(name: str) -> dict[str, Any]:
 
     call_command("migrate", interactive=False, verbosity=0)
     _, key = create_key(name)
-    abp = settings.ABP
-    queues = {*abp["QUEUES"].values(), *(queue_for(spec.name) for spec in registry.all_specs())}
-    return {"key": key, "queues": sorted(queues), "maxFrameBytes": int(abp["MAX_FRAME_BYTES"])}
+    abp = abp_settings()
+    queues = {*abp.QUEUES.names(), *(queue_for(spec.name) for spec in registry.all_specs())}
+    return {"key": key, "queues": sorted(queues), "maxFrameBytes": abp.MAX_FRAME_BYTES}
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ import asyncio
 import logging
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 
 from capabilities.calls import availability
+from capabilities.conf import abp_settings
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _poll() -> None:
 
 
 async def _watch() -> None:
-    interval = float(settings.ABP["AVAILABILITY_POLL_SECONDS"])
+    interval = abp_settings().AVAILABILITY_POLL_SECONDS
     while True:
         await asyncio.sleep(interval)
         try:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from channels.security.websocket import OriginValidator
-from django.conf import settings
 
 from capabilities.access.origins import is_allowed, normalize_all
+from capabilities.conf import abp_settings
 
 
 class BrowserOriginValidator(OriginValidator):  # type: ignore[misc]
@@ -30,4 +30,4 @@ class BrowserOriginValidator(OriginValidator):  # type: ignore[misc]
 
 def browser_origin_validator(application: Any) -> BrowserOriginValidator:
     """Wrap the WebSocket app with the ABP_ALLOWED_ORIGINS check."""
-    return BrowserOriginValidator(application, normalize_all(settings.ABP["ALLOWED_ORIGINS"]))
+    return BrowserOriginValidator(application, normalize_all(abp_settings().ALLOWED_ORIGINS))

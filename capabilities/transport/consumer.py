@@ -21,7 +21,6 @@ from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 from django.db import DatabaseError
 
 from capabilities.access import agent_keys, credentials
@@ -38,6 +37,7 @@ from capabilities.calls.availability import AVAILABILITY_GROUP
 from capabilities.calls.background import Background
 from capabilities.calls.start_order import StartOrder, StartTurn
 from capabilities.calls.start_ticket import StartTicket
+from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle, notes
 from capabilities.models import Door, Job, session_group
 from capabilities.protocol import (
@@ -135,11 +135,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.accept(subprotocol=subprotocol)
             await self.close(code=TRY_AGAIN_LATER)
             return
-        base_url = settings.ABP["PUBLIC_BASE_URL"] or _base_url_of(self.scope)
+        base_url = abp_settings().PUBLIC_BASE_URL or _base_url_of(self.scope)
         self.io = SessionIO(self.session, principal, base_url=base_url, door=self.door)
         limits = do.Limits(
             max_queued_calls=principal.max_queued_calls,
-            queue_full_retry_after_ms=settings.ABP["QUEUE_FULL_RETRY_AFTER_MS"],
+            queue_full_retry_after_ms=abp_settings().QUEUE_FULL_RETRY_AFTER_MS,
             max_timeout_ms=functools.partial(start.max_timeout_ms, principal),
             # Pages resume too (client.js, bridge.js); a page that goes away ends its
             # session itself (pagehide), so only a dropped socket waits out the grace.

@@ -10,30 +10,16 @@ entry, whoever sent it: it must stay off.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+from capabilities.conf import abp_settings
 
 
 def trusted_proxies() -> list[str]:
-    """ABP_TRUSTED_PROXIES, each entry an address or a network; ImproperlyConfigured if not."""
-    entries: list[str] = settings.ABP["TRUSTED_PROXIES"]
-    for entry in entries:
-        try:
-            if "/" in entry:
-                ipaddress.ip_network(entry)
-            else:
-                ipaddress.ip_address(entry)
-        except ValueError as error:
-            # uvicorn would take `*` as "trust everyone" (the first entry again) and
-            # anything else it cannot parse as a name no peer ever has.
-            raise ImproperlyConfigured(
-                f"ABP_TRUSTED_PROXIES: {entry!r} is not an IP address or network ({error})."
-            ) from error
-    return entries
+    """ABP_TRUSTED_PROXIES: addresses or networks (the settings refuse anything else)."""
+    return list(abp_settings().TRUSTED_PROXIES)
 
 
 def behind_trusted_proxies(application: Any) -> Any:

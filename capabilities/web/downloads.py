@@ -18,7 +18,6 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.files.storage import Storage, storages
 from django.http import (
     HttpRequest,
@@ -31,6 +30,7 @@ from django.utils import timezone
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET
 
+from capabilities.conf import storage_settings
 from capabilities.jobs import download_links
 
 CHUNK_BYTES = 256 * 1024
@@ -45,7 +45,7 @@ async def download(request: HttpRequest, token: str, filename: str) -> HttpRespo
     except download_links.Refused as refused:
         return _plain(refused.message, refused.status)
     storage = storages["default"]
-    if settings.ABP_STORAGE["DOWNLOAD_REDIRECT"] and signs_urls(storage):
+    if storage_settings().DOWNLOAD_REDIRECT and signs_urls(storage):
         return await sync_to_async(_redirect, thread_sensitive=False)(storage, link)
     try:
         opened = await sync_to_async(_open, thread_sensitive=False)(storage, link.name)
@@ -98,7 +98,7 @@ def _redirect(storage: Any, link: download_links.Link) -> HttpResponseBase:
     if not storage.exists(link.name):
         return _plain(download_links.GONE, 410)
     left = (link.valid_until - timezone.now()) // timedelta(seconds=1)
-    seconds = max(1, min(int(settings.ABP_STORAGE["DOWNLOAD_REDIRECT_SECONDS"]), left))
+    seconds = max(1, min(storage_settings().DOWNLOAD_REDIRECT_SECONDS, left))
     url = storage.url(
         link.name,
         parameters={

@@ -19,12 +19,12 @@ import hmac
 import ipaddress
 from collections.abc import Callable
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from capabilities.conf import metrics_settings
 from capabilities.web import cluster_state
 from capabilities.web.metrics_collector import ClusterCollector
 
@@ -62,8 +62,8 @@ def _render(encoder: Callable[[CollectorRegistry], bytes]) -> Callable[[], bytes
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
     """Why this request may not read the metrics (404, 403, 401), or None."""
-    token: str = settings.ABP_METRICS["TOKEN"]
-    networks = _networks(tuple(settings.ABP_METRICS["ALLOWED_IPS"]))
+    token: str = metrics_settings().TOKEN
+    networks = _networks(metrics_settings().ALLOWED_IPS)
     if not token and not networks:
         return _no_store(HttpResponse("Not Found\n", status=404, content_type="text/plain"))
     if networks and not _allowed(request.META.get("REMOTE_ADDR", ""), networks):

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from django.conf import settings
 from django.db import connection
 from django.db.models import Field, Model
 from django.utils import timezone
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from capabilities.conf import metrics_settings
 from capabilities.jobs import queue as job_queues
 from capabilities.jobs.workers import LiveWorker, capacity
 from capabilities.models import AgentSession, Door, Job, JobStatus
@@ -240,7 +240,7 @@ class ClusterCollector(Collector):
     def _read_database(reading: _Reading) -> None:
         vendor = connection.vendor
         now = timezone.now()
-        since = now - timedelta(seconds=float(settings.ABP_METRICS["WINDOW_SECONDS"]))
+        since = now - timedelta(seconds=metrics_settings().WINDOW_SECONDS)
         with connection.cursor() as cursor:
             cursor.execute(_active_statement(vendor), [_datetime(now)])
             reading.active = [tuple(row) for row in cursor.fetchall()]
@@ -444,7 +444,7 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily(
             "abp_metrics_window_seconds",
             "The window of the abp_jobs_settled* gauges and the histograms.",
-            value=float(settings.ABP_METRICS["WINDOW_SECONDS"]),
+            value=metrics_settings().WINDOW_SECONDS,
         )
         up = GaugeMetricFamily(
             "abp_metrics_source_up",

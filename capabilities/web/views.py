@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -19,6 +18,7 @@ from capabilities.access.origins import BadOrigin, normalize_all
 from capabilities.calls import availability
 from capabilities.calls.app_info import app_info
 from capabilities.calls.manifest import capability_entries
+from capabilities.conf import abp_settings
 from capabilities.protocol import PROTOCOL_VERSION
 from capabilities.work import registry
 
@@ -30,7 +30,7 @@ WEBSOCKET_PATH = "/abp/ws"
 def embed_allowed_origins() -> list[str]:
     """The origins other than the app's own that may embed and drive `/abp/embed/`."""
     try:
-        return normalize_all(settings.ABP["EMBED_ALLOWED_ORIGINS"])
+        return normalize_all(abp_settings().EMBED_ALLOWED_ORIGINS)
     except BadOrigin as error:
         raise ImproperlyConfigured(f"ABP_EMBED_ALLOWED_ORIGINS: {error}") from error
 
@@ -114,7 +114,7 @@ def embed(request: HttpRequest) -> HttpResponse:
     config = {
         "endpoint": WEBSOCKET_PATH,
         "allowedOrigins": origins,
-        "maxFrameBytes": settings.ABP["MAX_FRAME_BYTES"],
+        "maxFrameBytes": abp_settings().MAX_FRAME_BYTES,
         "protocolVersion": PROTOCOL_VERSION,
         "app": app_info(),
         **page_token_context(request),

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, cast
 
-from django.conf import settings
 from django.utils.module_loading import autodiscover_modules, import_string
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from capabilities.conf import abp_settings
+from capabilities.config.schema import AbpSettings
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.protocol.text import unstorable
 from capabilities.work.context import Runner
@@ -35,9 +36,20 @@ from capabilities.work.schema_patterns import PatternValidator
 BUILT_INS = "capabilities.abp_capabilities"
 
 
+def _integer_setting(name: str) -> int:
+    """The integer key `name` of ABP (a capability's limit; checked when declared)."""
+    return cast(int, getattr(abp_settings(), name))
+
+
+def _require_integer_setting(name: str) -> None:
+    field = AbpSettings.model_fields.get(name)
+    if field is None or field.annotation is not int:
+        raise TypeError(f"{name!r} is not an integer key of settings.ABP.")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SizeLimit:
-    """The largest a string parameter may be: `settings.ABP[setting]` bytes.
+    """The largest a string parameter may be: `ABP[setting]` bytes.
 
     `path` leads through the params' objects to the string. With `base64`, the
     setting bounds the decoded bytes; the text may then be 4/3 of it, plus line breaks.
@@ -47,6 +59,9 @@ class SizeLimit:
     setting: str
     base64: bool = False
 
+    def __post_init__(self) -> None:
+        _require_integer_setting(self.setting)
+
     @property
     def where(self) -> str:
         """The parameter's path as errors name it."""
@@ -54,7 +69,7 @@ class SizeLimit:
 
     def max_bytes(self) -> int:
         """The setting's value."""
-        return int(settings.ABP[self.setting])
+        return _integer_setting(self.setting)
 
     def max_length(self) -> int:
         """The most characters the parameter may have (the schema's maxLength)."""
@@ -90,7 +105,7 @@ class SizeLimit:
 
 @dataclass(frozen=True, kw_only=True)
 class SettingMaximum:
-    """Integer parameters at most `settings.ABP[setting]`, besides their schema's `maximum`.
+    """Integer parameters at most `ABP[setting]`, besides their schema's `maximum`.
 
     Each of `nodes` leads through the input schema (keys, and indexes into lists) to
     one parameter's own schema; the lower of the two maxima is the one published.
@@ -99,9 +114,12 @@ class SettingMaximum:
     nodes: tuple[tuple[str | int, ...], ...]
     setting: str
 
+    def __post_init__(self) -> None:
+        _require_integer_setting(self.setting)
+
     def value(self) -> int:
         """The setting's value."""
-        return int(settings.ABP[self.setting])
+        return _integer_setting(self.setting)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,11 +147,11 @@ class CapabilitySpec:
     size_limits: tuple[SizeLimit, ...] = ()
     # Integer parameters bounded by a setting; the manifest shows them as maximum.
     setting_maxima: tuple[SettingMaximum, ...] = ()
-    # Unset: settings.ABP's DEFAULT_TIMEOUT_MS / MAX_TIMEOUT_MS, which also cap these.
+    # Unset: ABP's DEFAULT_TIMEOUT_MS / MAX_TIMEOUT_MS, which also cap these.
     default_timeout_ms: int | None = None
     max_timeout_ms: int | None = None
     # Which queue runs it: a cost class, "small" (milliseconds, little memory) or
-    # "heavy" (settings.ABP["QUEUES"]), or the name of a queue of its own.
+    # "heavy" (abp_settings().QUEUES), or the name of a queue of its own.
     cost: str = "heavy"
 
     def describe(self) -> dict[str, Any]:
@@ -153,10 +171,10 @@ class CapabilitySpec:
 
     def timeouts(self) -> Timeouts:
         """This capability's timeouts, within the server's maximum."""
-        abp = settings.ABP
-        ceiling = int(abp["MAX_TIMEOUT_MS"])
+        abp = abp_settings()
+        ceiling = abp.MAX_TIMEOUT_MS
         max_ms = min(self.max_timeout_ms or ceiling, ceiling)
-        default_ms = min(self.default_timeout_ms or int(abp["DEFAULT_TIMEOUT_MS"]), max_ms)
+        default_ms = min(self.default_timeout_ms or abp.DEFAULT_TIMEOUT_MS, max_ms)
         return Timeouts(default_ms=default_ms, max_ms=max_ms)
 
     def validate(self, params: dict[str, Any]) -> WireError | None:

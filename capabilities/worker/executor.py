@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django import db
-from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job
 from capabilities.work import runs
@@ -88,7 +88,7 @@ class WorkerContext(ContextBase):
                 )
             report = lifecycle.Progress(progress=progress, total=total, stage=stage)
             now = time.monotonic()
-            if now - self._last_db_write < settings.ABP["PROGRESS_DB_INTERVAL_SECONDS"]:
+            if now - self._last_db_write < abp_settings().PROGRESS_DB_INTERVAL_SECONDS:
                 with self._unsaved_lock:
                     self._unsaved = report
                 return

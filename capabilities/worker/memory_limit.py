@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import resource
 
-from django.conf import settings
-
+from capabilities.conf import abp_settings
 from capabilities.protocol import ErrorCode, WireError
 
 MIB = 1024 * 1024
@@ -29,7 +28,7 @@ _exhausted = False
 
 def limit_mb() -> int:
     """The configured ceiling in MiB; 0: none."""
-    return int(settings.ABP["WORKER_MEMORY_LIMIT_MB"])
+    return abp_settings().WORKER_MEMORY_LIMIT_MB
 
 
 def apply() -> None:

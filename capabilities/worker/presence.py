@@ -17,8 +17,8 @@ from typing import Any
 
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.worker import state
-from django.conf import settings
 
+from capabilities.conf import abp_settings
 from capabilities.jobs import dispatch, queue, workers
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Presence(threading.Thread):
         )
 
     def run(self) -> None:
-        interval = float(settings.ABP["WORKER_ANNOUNCE_SECONDS"])
+        interval = abp_settings().WORKER_ANNOUNCE_SECONDS
         while not self._stopped.is_set():
             try:
                 if workers.announce(self.snapshot()):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
 from capabilities.calls import cancellation, key_revocation, resumption
+from capabilities.conf import abp_settings
 from capabilities.jobs import dispatch, lifecycle, queue
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 
@@ -32,7 +32,7 @@ def reap() -> None:
     )[:BATCH]
     for job_id in overdue:
         end_overdue(str(job_id))
-    grace = timedelta(seconds=settings.ABP["HARD_KILL_GRACE_SECONDS"])
+    grace = timedelta(seconds=abp_settings().HARD_KILL_GRACE_SECONDS)
     stuck = Job.objects.filter(
         status=JobStatus.CANCELLED,
         started_at__isnull=False,
@@ -43,7 +43,7 @@ def reap() -> None:
     for job_id in stuck:
         logger.warning("Job %s still running %s after its cancel: killing", job_id, grace)
         queue.revoke(str(job_id), kill=True)
-    stale = now - timedelta(seconds=settings.ABP["WORKER_LOST_AFTER_SECONDS"])
+    stale = now - timedelta(seconds=abp_settings().WORKER_LOST_AFTER_SECONDS)
     lost = Job.objects.filter(status=JobStatus.RUNNING, heartbeat_at__lt=stale).values_list(
         "id", "heartbeat_at"
     )[:BATCH]

@@ -21,9 +21,9 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-from django.conf import settings
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
+from capabilities.conf import abp_settings
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS, close_orm_thread
 from tests.conftest import ARTIFACTS
 from tests.support.stack import Stack
@@ -114,7 +114,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 @pytest.fixture(scope="package")
 def parent_site() -> Iterator[ParentSite]:
     """A tiny HTTP server for the parent pages, on the allowed origin's port."""
-    allowed = settings.ABP["EMBED_ALLOWED_ORIGINS"][0]
+    allowed = abp_settings().EMBED_ALLOWED_ORIGINS[0]
     port = urlsplit(allowed).port
     assert port is not None
     server = ThreadingHTTPServer(

@@ -2,7 +2,7 @@
 
 Kept apart from the runner (`capabilities.work.images.runner`), so the web process, which reads
 the schemas, never loads Pillow. The manifest's schema also carries the server's byte
-and side limits (`settings.ABP["MAX_IMAGE_BYTES"]`, `["MAX_IMAGE_DIMENSION"]`); the
+and side limits (`abp_settings().MAX_IMAGE_BYTES`, `["MAX_IMAGE_DIMENSION"]`); the
 limits on the decoded image, which no schema can check, are the runner's. Declared in
 capabilities/abp_capabilities.py.
 """

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from django.conf import settings
 from weasyprint.urls import (
     HTTP_HEADERS,
     FatalURLFetchingError,
@@ -47,6 +46,7 @@ from weasyprint.urls import (
     iri_to_uri,
 )
 
+from capabilities.conf import abp_settings
 from capabilities.work.pdf import resource_checks
 from capabilities.work.raster import Limits
 
@@ -339,14 +339,14 @@ def fetcher_from_settings() -> SafeURLFetcher:
 
     Images get process.image's pixel limit (the setting, capped by Pillow's own).
     """
-    abp = settings.ABP
+    abp = abp_settings()
     return SafeURLFetcher(
-        allowed_hosts=abp["URL_FETCH_ALLOWED_HOSTS"],
-        timeout=abp["URL_FETCH_TIMEOUT_SECONDS"],
-        max_bytes=abp["URL_FETCH_MAX_BYTES"],
+        allowed_hosts=abp.URL_FETCH_ALLOWED_HOSTS,
+        timeout=abp.URL_FETCH_TIMEOUT_SECONDS,
+        max_bytes=abp.URL_FETCH_MAX_BYTES,
         limits=ResourceLimits(
-            font_bytes=abp["MAX_FONT_BYTES"],
+            font_bytes=abp.MAX_FONT_BYTES,
             pixels=Limits.from_settings().pixels,
-            total_bytes=abp["MAX_PDF_RESOURCE_BYTES"],
+            total_bytes=abp.MAX_PDF_RESOURCE_BYTES,
         ),
     )

@@ -21,8 +21,8 @@ from typing import Any
 from xml.etree.ElementTree import Element
 
 import weasyprint
-from django.conf import settings
 
+from capabilities.conf import abp_settings
 from capabilities.protocol.errors import ErrorCode
 from capabilities.protocol.fields import Fields
 from capabilities.work.context import CapabilityError, JobContext
@@ -182,7 +182,7 @@ _PROGRESS_LOG = _ProgressLog()
 
 
 def _render(html: str, stylesheet: str, ctx: JobContext) -> tuple[bytes, int]:
-    max_pages: int = settings.ABP["MAX_PDF_PAGES"]
+    max_pages: int = abp_settings().MAX_PDF_PAGES
     fetcher = fetcher_from_settings()
     try:
         with _PROGRESS_LOG.listening(_Progress(ctx, max_pages)):
@@ -209,8 +209,8 @@ def _render(html: str, stylesheet: str, ctx: JobContext) -> tuple[bytes, int]:
 
 def _check_tree(root: Element) -> None:
     """Refuse a parsed document with too many elements or too deep a nesting."""
-    max_elements: int = settings.ABP["MAX_PDF_ELEMENTS"]
-    max_depth: int = settings.ABP["MAX_PDF_DEPTH"]
+    max_elements: int = abp_settings().MAX_PDF_ELEMENTS
+    max_depth: int = abp_settings().MAX_PDF_DEPTH
     elements = 0
     # Depth first, without recursion: the nesting is what is being measured.
     pending = [(root, 1)]

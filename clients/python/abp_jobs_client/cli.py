@@ -25,6 +25,27 @@ from abp_jobs_client.messages import Blob, Progress, Result
 OK, FAILED, USAGE, CANCELLED, TIMED_OUT, INTERRUPTED = 0, 1, 2, 3, 4, 130
 DEFAULT_URL = "ws://127.0.0.1:8000/abp/ws"
 
+EXAMPLES = {
+    "abp-jobs": """examples:
+  abp-jobs capabilities
+  abp-jobs call convert.markdownToHtml --param markdown='# Hello'
+  abp-jobs --url wss://jobs.example.com/abp/ws --key "$KEY" call export.pdf \\
+      --param html=@report.html -o report.pdf""",
+    "capabilities": """examples:
+  abp-jobs capabilities
+  abp-jobs capabilities --json | jq -r '.[].name'""",
+    "call": """examples:
+  abp-jobs call export.pdf --param html=@report.html -o report.pdf
+  abp-jobs call process.image --param image=@photo.jpg \\
+      --param operations='[{"type": "resize", "width": 640}]' -o small.jpg
+  abp-jobs call convert.markdownToHtml --param markdown=@README.md --json
+  abp-jobs call export.pdf --param html=@big.html --timeout 30
+
+A parameter is NAME=VALUE (a JSON value where the schema wants one), or NAME=@FILE
+(text, or a file object for a binary parameter). Ctrl-C cancels the call and waits
+for the server's confirmation; a second Ctrl-C quits at once.""",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; its exit code."""
@@ -32,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = asyncio.run(args.run(args))
     except ABPError as error:
-        _report(args, {"status": "failed", "error": _error(error)}, f"error: {error}")
+        _report(args, {"status": "failed", "error": _error(error)}, explained("error", error))
         return FAILED
     except (OSError, cli_params.ParamError) as failed:
         print(f"error: {failed}", file=sys.stderr)
@@ -42,15 +63,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="abp-jobs", description=__doc__, parents=[_options(defaults=True)]
+        prog="abp-jobs",
+        description=__doc__,
+        epilog=EXAMPLES["abp-jobs"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_options(defaults=True)],
     )
     commands = parser.add_subparsers(required=True, metavar="command")
     # The options again after the command (`abp-jobs call X --json`), with no defaults
     # of their own there: the command's parser would otherwise undo those given before.
     after = _options(defaults=False)
-    listing = commands.add_parser("capabilities", help="list the capabilities", parents=[after])
+    listing = commands.add_parser(
+        "capabilities",
+        help="list the capabilities",
+        epilog=EXAMPLES["capabilities"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[after],
+    )
     listing.set_defaults(run=_capabilities)
-    call = commands.add_parser("call", help="call a capability", parents=[after])
+    call = commands.add_parser(
+        "call",
+        help="call a capability",
+        epilog=EXAMPLES["call"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[after],
+    )
     call.add_argument("capability")
     call.add_argument("--param", action="append", default=[], metavar="NAME=VALUE|NAME=@FILE")
     call.add_argument("-o", "--output", type=Path, help="write the result's file here")
@@ -123,13 +160,15 @@ def _outcome(args: argparse.Namespace, answer: asyncio.Future[Result]) -> int:
     try:
         result = answer.result()
     except CallCancelled as error:
-        _report(args, {"status": "cancelled", "error": _error(error)}, f"cancelled: {error}")
+        _report(
+            args, {"status": "cancelled", "error": _error(error)}, explained("cancelled", error)
+        )
         return CANCELLED
     except CallTimedOut as error:
-        _report(args, {"status": "timedOut", "error": _error(error)}, f"timed out: {error}")
+        _report(args, {"status": "timedOut", "error": _error(error)}, explained("timed out", error))
         return TIMED_OUT
     except ABPError as error:
-        _report(args, {"status": "failed", "error": _error(error)}, f"failed: {error}")
+        _report(args, {"status": "failed", "error": _error(error)}, explained("failed", error))
         return FAILED
     saved = _save(result.data, args.output) if args.output else None
     shown = {
@@ -193,6 +232,19 @@ def _report(args: argparse.Namespace, shown: dict[str, Any], text: str) -> None:
         print(json.dumps(shown))
     else:
         print(text, file=sys.stdout if shown["status"] == "succeeded" else sys.stderr)
+
+
+def explained(outcome: str, error: ABPError) -> str:
+    """The error in plain words: what happened, where, and whether to try again."""
+    lines = [f"{outcome}: {error.message} ({error.code})"]
+    where = error.details.get("path")
+    if where:
+        lines.append(f"  at {where}")
+    if error.retry_after_ms is not None:
+        lines.append(f"  the server asks to try again in {error.retry_after_ms / 1000:g} s")
+    elif error.retryable:
+        lines.append("  trying again may work")
+    return "\n".join(lines)
 
 
 def _error(error: ABPError) -> dict[str, Any]:
