@@ -36,12 +36,13 @@ APT_PACKAGES := libharfbuzz-subset0 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejav
 	chromium chromium-driver haproxy
 APT_GET ?= apt-get
 
-.PHONY: help deps system-deps migrate run test test-postgres lint bench soak clean distclean
+.PHONY: help deps system-deps migrate run test test-fast test-postgres lint bench soak clean distclean
 
 help:
 	@echo "make run      start the demo (Redis, Celery worker and beat, Daphne) on http://127.0.0.1:$(PORT)/"
 	@echo "              variables: PORT=$(PORT) REDIS_PORT=$(REDIS_PORT) WORKER_CONCURRENCY=$(WORKER_CONCURRENCY)"
 	@echo "make test     lint, then the test suite on SQLite (PYTEST_ARGS='...' is passed to pytest)"
+	@echo "make test-fast  the in-process tests (no stack, no process started): under a minute"
 	@echo "make test-postgres  the tests that reach a database, on a fresh PostgreSQL database (TEST_DATABASE_URL=$(TEST_DATABASE_URL))"
 	@echo "make lint     ruff check, ruff format --check, mypy, import-linter (the layout's rules)"
 	@echo "make bench    run the benchmarks (bench/run_all.py)"
@@ -137,6 +138,14 @@ lint: deps
 test: export ABP_TEST_DATABASE := sqlite
 test: deps lint $(NODE_STAMPS)
 	$(BIN)/python -m pytest -m "not postgres" $(PYTEST_ARGS)
+
+# The fast lane: every test that needs no stack (`-m "not stack"`), in this process, on
+# SQLite, with no Redis, worker, Daphne or browser, and no process started (a test that
+# starts one fails: tests/conftest.py). Under a minute; `make test` still runs everything.
+test-fast: export ABP_TEST_DATABASE := sqlite
+test-fast: export ABP_TEST_LANE := fast
+test-fast: deps
+	$(BIN)/python -m pytest -m "not stack and not postgres" -p no:cacheprovider $(PYTEST_ARGS)
 
 # Every test that reaches a database, and the `postgres` ones, against PostgreSQL (pure
 # and browser tests are left to `make test`: tests/conftest.py): tests/support/environment.py

@@ -329,7 +329,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # job row: a worker that dies mid-job gets the job failed with WORKER_LOST (by
 # heartbeat), and a redelivered task never restarts a job. With late acks, kombu 5.7
 # requeues unacknowledged tasks when the broker connection drops and the worker
-# exits on that (a Redis restart killed it; tests/test_redis_restart.py).
+# exits on that (a Redis restart killed it; tests/stack/test_redis_restart.py).
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -21,7 +21,7 @@ a private Redis: Daphnes on two ports, `heavy@node1`, `small@node1`, `heavy@node
    per idle session, the answer rates and the counts.
 
 Run: .venv/bin/python bench/multi_node.py [--sessions 1000] [--calls 400] [--burst 1000]
-     (tests/test_multi_node.py runs the same scenario, smaller, as a test)
+     (tests/stack/test_multi_node.py runs the same scenario, smaller, as a test)
 Exits 1 if a check failed. `--json FILE` also writes the figures as JSON.
 """
 

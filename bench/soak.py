@@ -37,7 +37,9 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, help="keep every process's log in this folder")
     parser.add_argument("--ops", action="store_true", help="every call in the JSON report")
     parser.add_argument("--no-browser", action="store_true", help="leave the browser door out")
-    parser.add_argument("--faults-per-minute", type=float, default=defaults.faults_per_minute)
+    parser.add_argument(
+        "--faults-per-minute", type=float, default=defaults.faults_per_minute, help="0: none"
+    )
     args = parser.parse_args()
     # Stopped from outside (timeout, Ctrl-C): still stop the stack and its cluster.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

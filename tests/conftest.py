@@ -8,6 +8,7 @@ and a test that did not ask cannot open a connection. Pure tests touch no databa
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,35 +37,44 @@ ARTIFACTS = Path(
 # sessions, the admin, retention, metrics, and the several-node and production stacks.
 SQLITE_PASS_ONLY = (
     "tests/browser/",
-    "tests/test_jsonrpc.py",
-    "tests/test_jsonrpc_relay.py",
-    "tests/test_ws_auth.py",
-    "tests/test_ws_host.py",
-    "tests/test_security.py",
-    "tests/test_uploads_asgi.py",
-    "tests/test_capabilities_stack.py",
-    "tests/test_pdf_resource_limits.py",
-    "tests/test_downloads.py",
-    "tests/test_mcp_inspector.py",
-    "tests/test_mcp_typescript.py",
-    "tests/test_mcp_fastmcp.py",
-    "tests/test_acp_typescript.py",
-    "tests/test_acp_python.py",
-    "tests/test_python_client.py",
-    "tests/test_cli.py",
-    "tests/test_host_project.py",
-    "tests/test_storage_s3.py",
-    "tests/test_production_settings.py",
-    "tests/test_jsonrpc_fuzz.py",
+    "tests/stack/test_jsonrpc.py",
+    "tests/stack/test_jsonrpc_relay.py",
+    "tests/access/test_ws_auth.py",
+    "tests/transport/test_ws_host.py",
+    "tests/stack/test_security.py",
+    "tests/transport/test_uploads_asgi.py",
+    "tests/stack/test_capabilities_stack.py",
+    "tests/stack/test_pdf_resource_limits.py",
+    "tests/web/test_downloads.py",
+    "tests/stack/test_mcp_inspector.py",
+    "tests/stack/test_mcp_typescript.py",
+    "tests/stack/test_mcp_fastmcp.py",
+    "tests/stack/test_acp_typescript.py",
+    "tests/stack/test_acp_python.py",
+    "tests/client/test_python_client.py",
+    "tests/client/test_cli.py",
+    "tests/testing/test_host_project.py",
+    "tests/stack/test_storage_s3.py",
+    "tests/abpsite/test_production_settings.py",
+    "tests/jsonrpc/test_jsonrpc_fuzz.py",
 )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The PostgreSQL pass runs the tests that reach a database, and no other.
+# Folders whose every test needs the real stack, or servers and processes of its own.
+STACK_FOLDERS = ("tests/stack/", "tests/browser/")
 
-    A pure test (neither `database` nor `stack`) cannot touch one: the guard below
-    fails it if it tries. Running it again on PostgreSQL would test nothing new.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that need the stack; on PostgreSQL, keep those that reach a database.
+
+    `stack` (`make test-fast` leaves these out): in a stack folder, asking for the
+    `stack` fixture, or marked so (a server or process of its own, or Redis).
+    A pure test (neither `database` nor `stack`) cannot touch a database: the guard
+    below fails it if it tries. Running it again on PostgreSQL would test nothing new.
     """
+    for item in items:
+        if item.nodeid.startswith(STACK_FOLDERS) or "stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.stack)
     if not environment.use_postgres():
         return
     kept: list[pytest.Item] = []
@@ -77,6 +87,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def no_process_in_the_fast_lane(request: pytest.FixtureRequest) -> Iterator[None]:
+    """`make test-fast` is in-process: a test there that starts a process is marked wrong."""
+    if os.environ.get("ABP_TEST_LANE") != "fast" or request.node.get_closest_marker("stack"):
+        yield
+        return
+
+    def refused(*_: object, **__: object) -> None:
+        raise RuntimeError(
+            "This test starts a process: mark it `stack` (make test-fast is in-process)."
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", refused)
+        patch.setattr(os, "fork", refused)
+        yield
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -91,7 +91,7 @@ def _creator(tally: SlotTally | None) -> Callable[[NewJob], Job]:
         error = availability.unavailable(new.job["capability"])
         if error is not None:
             raise Unavailable(error)
-        # Looked up at each call: tests hold it (tests/test_consumer_inprocess.py).
+        # Looked up at each call: tests hold it (tests/transport/test_consumer_inprocess.py).
         return budgets.create_job(new.principal, tally=tally or SlotTally(), **new.job)
 
     return create_one

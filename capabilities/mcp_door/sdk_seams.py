@@ -4,7 +4,7 @@
 teardown stack) only as a private attribute of its `ServerSession`; the SDK's own
 `Context`, which will expose it, is not built for low-level handlers in this
 version. The read lives here, so an SDK upgrade changes one file
-(tests/test_mcp.py covers it).
+(tests/stack/test_mcp.py covers it).
 """
 
 from __future__ import annotations

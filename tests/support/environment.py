@@ -129,7 +129,7 @@ def configure(prefix: str, **overrides: str) -> Stack:
             "ABP_WORKER_TTL_SECONDS": "2",
             "ABP_AVAILABILITY_POLL_SECONDS": "0.25",
             # Lower than the product's: every job of the suite fits (a child is ~400 MiB
-            # of address space), and tests/test_worker_memory_limit.py's bombs stay small.
+            # of address space), and tests/stack/test_worker_memory_limit.py's bombs stay small.
             "ABP_WORKER_MEMORY_LIMIT_MB": "1024",
             # Long enough to restart a Daphne and resume; short enough that tests of
             # a session nobody resumes wait only a few seconds.

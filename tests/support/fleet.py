@@ -13,7 +13,7 @@ once per session, so a call the server already had is refused (`INVALID_PARAMS` 
 frame died unread with its Daphne runs now. A cancel sent twice is answered the same way
 both times.
 
-`run_scenario` is the multi-node scenario of tests/test_multi_node.py and
+`run_scenario` is the multi-node scenario of tests/stack/test_multi_node.py and
 bench/multi_node.py: sessions opened and left idle (memory per session), then the load,
 one Daphne killed by PID, one worker node's main process killed by PID.
 """

@@ -1,7 +1,7 @@
 """The deployment's processes on one box, started with the deployment's own commands.
 
 Every process is `scripts/serve ROLE`, read from docker-compose.yml (the Procfile and
-the Dockerfile run the same script; tests/test_production_stack.py checks that), with
+the Dockerfile run the same script; tests/stack/test_production_stack.py checks that), with
 an environment of its own: nothing of the test run's (tests/conftest.py points the
 suite at SQLite and tests.settings) leaks into it. A `Topology` is a PostgreSQL
 database of its own (tests/support/postgres.py), a private Redis, Daphnes on free

@@ -54,7 +54,7 @@
 
   // The codes the runtime answers with itself, before it has imported client.js (and
   // with it wire.js's ErrorCode): a classic script has no static imports. Neither is
-  // retryable; tests/test_error_codes_pinned.py holds both facts to the server's codes.
+  // retryable; tests/protocol/test_error_codes_pinned.py holds both facts to the server's codes.
   const ErrorCode = Object.freeze({
     NOT_INITIALIZED: "NOT_INITIALIZED",
     ALREADY_INITIALIZED: "ALREADY_INITIALIZED",

@@ -49,7 +49,7 @@ export const BridgeMessageType = Object.freeze({
 
 /**
  * Error codes: the spec's, plus the server's own. The browser modules' one list; it and
- * RETRYABLE_CODES are held to the server's by tests/test_error_codes_pinned.py.
+ * RETRYABLE_CODES are held to the server's by tests/protocol/test_error_codes_pinned.py.
  */
 export const ErrorCode = Object.freeze({
   NOT_INITIALIZED: "NOT_INITIALIZED",

@@ -76,7 +76,12 @@ def target_of(kind: Kind, rng: random.Random, stack: SoakStack) -> str:
 def schedule(
     rng: random.Random, stack: SoakStack, *, start: float, end: float, per_minute: float
 ) -> list[Fault]:
-    """Every kind once (in a random order), then more at random, at random moments."""
+    """Every kind once (in a random order), then more at random, at random moments.
+
+    None at all with `per_minute` 0: a run for the load alone (its memory, its rates).
+    """
+    if per_minute <= 0:
+        return []
     count = max(len(Kind), round((end - start) / 60 * per_minute))
     kinds = list(Kind)
     rng.shuffle(kinds)

@@ -1,0 +1,161 @@
+"""The local lane's processes (capabilities/calls/lane_pool.py), real ones, without Daphne.
+
+What matters is that no kill wedges the pool: a process killed while idle (a cancel
+racing its run's end) held the shared task pipe's lock in billiard's Pool, and no
+process ran a task again.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from capabilities.calls.lane_pool import Failure, LanePool
+from capabilities.work import runs
+
+# Real processes, forked and killed: the stack lane's.
+pytestmark = pytest.mark.stack
+
+SLEEP = "test.sleep"
+QUICK = {"steps": 0}
+BLOCK = {"mode": "block", "steps": 1, "stepMs": 60_000}
+
+
+@pytest.fixture
+def pool() -> Iterator[LanePool]:
+    lane = LanePool(2, 512, [SLEEP])
+    try:
+        assert lane.wait_ready(60)
+        yield lane
+    finally:
+        lane.close()
+
+
+class Ends:
+    """The ends the pool reports, by job id."""
+
+    def __init__(self) -> None:
+        self._ends: queue.SimpleQueue[tuple[str, runs.Ran | Failure]] = queue.SimpleQueue()
+
+    def submit(
+        self, pool: LanePool, job_id: str, params: dict[str, Any], seconds: float = 30
+    ) -> None:
+        pool.submit(job_id, SLEEP, params, seconds, lambda end: self._ends.put((job_id, end)))
+
+    def next(self, timeout: float = 30) -> tuple[str, runs.Ran | Failure]:
+        return self._ends.get(timeout=timeout)
+
+    def none_within(self, seconds: float) -> bool:
+        try:
+            self._ends.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        return False
+
+
+def running_pid(pool: LanePool, job_id: str) -> int:
+    """The pid of the process running the job, once one runs it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for slot in pool._slots:
+            with slot.lock:
+                if slot.task is not None and slot.task.job_id == job_id and slot.process:
+                    assert slot.process.pid is not None
+                    return slot.process.pid
+        time.sleep(0.02)
+    raise AssertionError(f"no process runs {job_id}")
+
+
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_run_answers_what_its_process_returned(pool: LanePool) -> None:
+    ends = Ends()
+    ends.submit(pool, "a", QUICK)
+    job_id, end = ends.next()
+    assert job_id == "a"
+    assert isinstance(end, runs.Ran)
+    assert end.data is not None
+    assert end.error is None
+
+
+def test_processes_killed_while_idle_wedge_nothing(pool: LanePool) -> None:
+    # Each process in turn is killed while idle, as a stale cancel would: billiard's
+    # Pool then never ran a task again (the lock of its shared pipe died with it).
+    ends = Ends()
+    for round_ in range(3):
+        for pid in pool.pids():
+            os.kill(pid, signal.SIGKILL)
+        for n in range(4):
+            ends.submit(pool, f"{round_}-{n}", QUICK)
+        got = {ends.next()[0] for _ in range(4)}
+        assert got == {f"{round_}-{n}" for n in range(4)}
+
+
+def test_a_stop_kills_only_the_process_running_its_job(pool: LanePool) -> None:
+    ends = Ends()
+    ends.submit(pool, "finished", QUICK)
+    assert ends.next()[0] == "finished"
+    before = set(pool.pids())
+    assert not pool.stop("finished")  # its run has ended: no process is touched
+    ends.submit(pool, "blocked", BLOCK)
+    busy = running_pid(pool, "blocked")
+    assert pool.stop("blocked")
+    assert ends.none_within(1.0)  # a stopped run reports nothing: its stopper answers
+    assert gone(busy)
+    idle = before - {busy}
+    assert idle <= set(pool.pids())  # the other process was left alone
+    ends.submit(pool, "after", QUICK)
+    assert ends.next()[0] == "after"
+
+
+def test_a_stop_before_a_process_takes_the_run_drops_it(pool: LanePool) -> None:
+    ends = Ends()
+    ends.submit(pool, "one", BLOCK)
+    ends.submit(pool, "two", BLOCK)
+    running_pid(pool, "one")
+    running_pid(pool, "two")
+    ends.submit(pool, "waiting", QUICK)  # both processes are busy
+    assert pool.stop("waiting")
+    assert pool.stop("one")
+    assert pool.stop("two")
+    ends.submit(pool, "after", QUICK)
+    assert ends.next()[0] == "after"  # "waiting" never ran, nor reported
+    assert ends.none_within(0.5)
+
+
+def test_a_run_past_its_time_is_killed_and_the_pool_goes_on(pool: LanePool) -> None:
+    ends = Ends()
+    ends.submit(pool, "slow", BLOCK, seconds=0.5)
+    assert ends.next() == ("slow", Failure.TIME_LIMIT)
+    ends.submit(pool, "after", QUICK)
+    assert ends.next()[0] == "after"
+
+
+def test_a_process_that_dies_mid_run_is_a_lost_process(pool: LanePool) -> None:
+    ends = Ends()
+    ends.submit(pool, "lost", BLOCK)
+    os.kill(running_pid(pool, "lost"), signal.SIGKILL)
+    assert ends.next() == ("lost", Failure.PROCESS_LOST)
+    ends.submit(pool, "after", QUICK)
+    assert ends.next()[0] == "after"
+
+
+def test_close_ends_every_process_at_once() -> None:
+    lane = LanePool(2, 512, [SLEEP])
+    assert lane.wait_ready(60)
+    Ends().submit(lane, "blocked", BLOCK)
+    running_pid(lane, "blocked")
+    pids = lane.pids()
+    started = time.monotonic()
+    lane.close()
+    assert time.monotonic() - started < 10
+    assert all(gone(pid) for pid in pids)
