@@ -7,7 +7,7 @@ bytes to storage, before Django reads a body); WebSockets at `/abp/ws` and `/abp
 go to the consumers, behind the Host and browser-origin checks; the whole is told
 the client's address by ABP_TRUSTED_PROXIES. Daphne is adjusted as the doors need
 (a close code for oversized frames, a send on a closed socket raising, early upload
-limits).
+limits, a drain on SIGTERM).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def with_abp(django_application: Any) -> Any:
     sys.setswitchinterval(0.0005)
     _close_oversized_frames_with_1009()
     _refuse_sends_after_disconnect()
+    _send_registered_close_codes()
+    _drain_on_shutdown()
     uploads_early_limit.install()
     # Warm before the first call: the lane's processes start loading now.
     warm_up.begin()
@@ -99,6 +101,78 @@ def _refuse_sends_after_disconnect() -> None:
         await handle_reply(self, protocol, message)
 
     Server.handle_reply = handle_reply_or_raise
+
+
+def _send_registered_close_codes() -> None:
+    """Let the app close a WebSocket with 1012 (Service Restart) or 1013 (Try Again Later).
+
+    Both are IANA-registered codes for a server to send, and every client of ours
+    resumes after them. Autobahn lets application code send only 1000 and 3000-4999 and
+    raises on the others, so Daphne's close failed and the client saw the connection
+    drop (1006) instead of being told why. Its own close-frame sender takes any code.
+    """
+    from daphne.ws_protocol import WebSocketProtocol
+
+    close = WebSocketProtocol.serverClose
+
+    def server_close(self: WebSocketProtocol, code: int | None = None) -> None:
+        if code in REGISTERED_SERVER_CODES and self.state == self.STATE_OPEN:
+            self.sendCloseFrame(code=code, isReply=False)
+        else:
+            close(self, code)
+
+    WebSocketProtocol.serverClose = server_close
+
+
+REGISTERED_SERVER_CODES = (1012, 1013)
+# How long a stopping Daphne waits for its sessions to detach before it cancels what is
+# left (Kubernetes' default grace is 30 s; a detach takes milliseconds).
+DRAIN_SECONDS = 5.0
+
+
+def _drain_on_shutdown() -> None:
+    """On SIGTERM, close every WebSocket with 1012 before Daphne cancels the consumers.
+
+    Daphne's shutdown cancels every application at once, and its clients see the TCP
+    connection drop (1006). First, the process stops taking sessions (`/readyz` 503, new
+    sockets closed with 1012), and every open socket is closed with 1012, "Service
+    Restart": each consumer detaches its session as on any close (resumable, results
+    kept for the resume), and the client resumes on another instance at once. Daphne
+    cancels what is still running `DRAIN_SECONDS` later.
+    """
+    import asyncio
+    import logging
+
+    from daphne.server import Server
+    from daphne.ws_protocol import WebSocketProtocol
+    from twisted.internet import defer
+
+    from capabilities.calls import draining
+    from capabilities.transport.consumer import SERVICE_RESTART
+
+    kill_all = Server.kill_all_applications
+
+    def drain_then_kill(self: Server) -> Any:
+        draining.begin()
+        closing = []
+        for protocol, details in list(self.connections.items()):
+            if isinstance(protocol, WebSocketProtocol) and protocol.state == protocol.STATE_OPEN:
+                protocol.serverClose(code=SERVICE_RESTART)
+                instance = details.get("application_instance")
+                if instance is not None and not instance.done():
+                    closing.append(instance)
+        logging.getLogger("capabilities").info(
+            "Stopping: %d sessions told to resume elsewhere (1012)", len(closing)
+        )
+        if not closing:
+            return kill_all(self)
+        ended = defer.Deferred.fromFuture(
+            asyncio.ensure_future(asyncio.wait(closing, timeout=DRAIN_SECONDS))
+        )
+        ended.addBoth(lambda _: kill_all(self))
+        return ended
+
+    Server.kill_all_applications = drain_then_kill
 
 
 class ConnectionClosedError(OSError):

@@ -26,6 +26,7 @@ from django.db import DatabaseError
 from capabilities.access import agent_keys, credentials
 from capabilities.calls import (
     cancellation,
+    draining,
     held_sessions,
     local_lane,
     manifest,
@@ -67,6 +68,8 @@ _OVERTAKING = (CancelRequest, CancelPendingRequest)
 CONNECTION_CHECK_SECONDS = 1.0
 # RFC 6455's "Try Again Later": the server could not check the credential now.
 TRY_AGAIN_LATER = 1013
+# RFC 6455's "Service Restart": this instance is stopping, resume on another.
+SERVICE_RESTART = 1012
 
 
 def _base_url_of(scope: dict[str, Any]) -> str:
@@ -116,6 +119,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.closed = False  # the socket, as far as this process knows
         self.group: str | None = None
         self.key_group: str | None = None
+        if draining.is_draining():
+            # This instance is stopping: the client resumes on another at once.
+            await self.accept(subprotocol=credentials.selected_subprotocol(self.scope))
+            await self.close(code=SERVICE_RESTART)
+            return
         prefix = credentials.key_prefix_presented(self.scope)
         if prefix is not None:
             # Joined before the key is checked: a revoke racing this connect is heard.

@@ -23,12 +23,12 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
-from capabilities.calls import warm_up
+from capabilities.calls import draining, warm_up
 from capabilities.web import cluster_state
 
 # The longest /readyz waits for any check; every check runs at the same time.
 READY_TIMEOUT_SECONDS = 2.0
-CHECKS = ("database", "redis", "workers", "warm")
+CHECKS = ("database", "redis", "workers", "warm", "serving")
 
 _database = cluster_state.Probe("abp-ready-db", threads=2)
 _redis = cluster_state.Probe("abp-ready-redis", threads=2)
@@ -49,6 +49,8 @@ async def readyz(request: HttpRequest) -> JsonResponse:
     checks = {name: "excluded" if name in excluded else "" for name in CHECKS}
     if checks["warm"] != "excluded":
         checks["warm"] = "ok" if warm_up.is_warm() else "warming"
+    if checks["serving"] != "excluded":
+        checks["serving"] = "draining" if draining.is_draining() else "ok"
     body: dict[str, object] = {}
     await asyncio.gather(_database_check(checks), _redis_checks(checks, body))
     failed = [name for name, result in checks.items() if result not in {"ok", "excluded"}]

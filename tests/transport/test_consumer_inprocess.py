@@ -738,3 +738,13 @@ def test_a_resume_that_fails_on_the_channel_layer_leaves_the_token_working(key: 
         await third.disconnect(1006)
 
     run(scenario)
+
+
+def test_a_socket_opened_on_a_stopping_process_is_closed_with_1012() -> None:
+    async def scenario() -> None:
+        agent = Agent(key=None)
+        await agent.connect()
+        assert await agent.closed_with() == 1012  # resume elsewhere
+
+    with mock.patch("capabilities.calls.draining.is_draining", return_value=True):
+        run(scenario)

@@ -8,6 +8,7 @@ event with the job's fields, in-process and as JSON lines from a Daphne.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -16,6 +17,7 @@ import re
 import secrets
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,10 +25,11 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.conf import settings
-from django.test import override_settings
+from django.test import RequestFactory, override_settings
 from django.utils import timezone
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -36,11 +39,11 @@ from prometheus_client.samples import Sample
 from pythonjsonlogger.json import JsonFormatter
 
 from abpsite.log_formats import PlainFormatter
-from capabilities.calls import cancellation, local_lane
+from capabilities.calls import cancellation, draining, local_lane
 from capabilities.jobs import dispatch, lifecycle
 from capabilities.jobs.workers import LiveWorker
 from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
-from capabilities.web import cluster_state
+from capabilities.web import cluster_state, health
 from capabilities.web.metrics_collector import ClusterCollector
 from tests.support.agent import Agent
 from tests.support.stack import ROOT, Stack, free_port
@@ -108,7 +111,9 @@ def test_readyz_is_ready_with_the_database_redis_and_live_workers(stack: Stack) 
     answer = json.loads(body)
     assert status == 200, answer
     assert answer["status"] == "ready"
-    assert answer["checks"] == {"database": "ok", "redis": "ok", "workers": "ok", "warm": "ok"}
+    assert answer["checks"] == {
+        "database": "ok", "redis": "ok", "workers": "ok", "warm": "ok", "serving": "ok"
+    }  # fmt: skip
     assert answer["liveWorkers"] >= 2  # the heavy and the small queue's
     assert headers["Cache-Control"] == "no-store"
 
@@ -140,6 +145,17 @@ def test_a_fresh_daphne_is_ready_once_warm_and_its_first_call_runs_in_its_lane(
     assert job.queue == local_lane.LOCAL_QUEUE
 
 
+def test_a_draining_daphne_is_not_ready_so_new_sessions_go_elsewhere() -> None:
+    request = RequestFactory().get("/readyz", {"exclude": "database,redis,workers,warm"})
+    assert asyncio.run(health.readyz(request)).status_code == 200
+    with mock.patch("capabilities.calls.draining._draining", threading.Event()) as flag:
+        draining.begin()
+        assert flag.is_set()
+        response = asyncio.run(health.readyz(request))
+    assert response.status_code == 503
+    assert json.loads(response.content)["checks"]["serving"] == "draining"
+
+
 def test_readyz_pings_every_channel_layer_shard_and_each_server_once() -> None:
     layers = {
         "default": {
@@ -169,7 +185,9 @@ def test_readyz_says_503_and_which_check_failed_when_redis_is_gone(stack: Stack)
     assert answer["status"] == "unready"
     # Warm or not yet (its warm-up began with this first request): not what is tested.
     warm = answer["checks"].pop("warm")
-    assert answer["checks"] == {"database": "ok", "redis": "unreachable", "workers": "unknown"}
+    assert answer["checks"] == {
+        "database": "ok", "redis": "unreachable", "workers": "unknown", "serving": "ok"
+    }  # fmt: skip
     assert answer["failed"] == ["redis", "workers"] + ([] if warm == "ok" else ["warm"])
     assert took < 3
     # Nothing about where Redis is.
@@ -194,7 +212,9 @@ def test_readyz_says_503_when_no_worker_is_live_unless_workers_are_excluded(
     answer = json.loads(body)
     assert status == 503
     warm = answer["checks"].pop("warm")
-    assert answer["checks"] == {"database": "ok", "redis": "ok", "workers": "none live"}
+    assert answer["checks"] == {
+        "database": "ok", "redis": "ok", "workers": "none live", "serving": "ok"
+    }  # fmt: skip
     assert answer["failed"] == ["workers"] + ([] if warm == "ok" else ["warm"])
     assert answer["liveWorkers"] == 0
     assert excluded == 200

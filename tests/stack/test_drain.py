@@ -1,0 +1,60 @@
+"""A Daphne told to stop (SIGTERM, as a rolling restart does) drains: no call is lost.
+
+Its sessions are closed with 1012 (resume elsewhere) before anything is cancelled, and
+each resumes on another Daphne with its call in flight answered once there.
+"""
+
+from __future__ import annotations
+
+import time
+
+from capabilities.models import AgentSession
+from tests.stack.test_resume import call_results, dropped
+from tests.support.agent import Agent
+from tests.support.jobs import wait_running
+from tests.support.stack import Stack, free_port, port_open
+
+STILL_RUNNING = {"steps": 500, "stepMs": 20}  # 10 s: most still run when the Daphne stops
+
+
+def test_a_stopping_daphne_closes_its_sessions_with_1012_and_they_resume_elsewhere(
+    stack: Stack,
+) -> None:
+    port = free_port()
+    leaving = stack.new_web(port, name="daphne-draining")
+    leaving.start(lambda: port_open(port))
+    try:
+        agents = [dropped(stack, f"ws://127.0.0.1:{port}/abp/ws") for _ in range(3)]
+        calls = [
+            agent.call("test.sleep", STILL_RUNNING, call_id=f"drained-{n}")
+            for n, (agent, _, _) in enumerate(agents)
+        ]
+        # Two run (the test stack's heavy worker takes two at once), the third waits.
+        for n, (agent, _, _) in enumerate(agents[:2]):
+            wait_running(agent, f"drained-{n}")
+        stopped_at = time.monotonic()
+        leaving.stop()
+        stop_seconds = time.monotonic() - stopped_at
+    finally:
+        leaving.kill()
+    codes = [agent.read_until_closed() for agent, _, _ in agents]
+    assert codes == [1012, 1012, 1012], leaving.tail()
+    assert "Stopping: 3 sessions told to resume elsewhere (1012)" in leaving.log_text()
+    # Detached, not cancelled: each session waits for its resume.
+    for _, session_id, _ in agents:
+        assert AgentSession.objects.get(pk=session_id).detached_at is not None
+    # Each resumed at once (the test stack's grace is 5 s), then answered there.
+    resumed = [Agent(stack.ws_url) for _ in agents]
+    for again, (_, session_id, token) in zip(resumed, agents, strict=True):
+        assert "error" not in again.resume(session_id, token)["payload"]
+    answered_after_resume = 0
+    for n, (again, (first, _, _), call) in enumerate(zip(resumed, agents, calls, strict=True)):
+        before = first.results_for_call(f"drained-{n}")  # answered before the stop
+        if not before:
+            again.result_of(call, timeout=30)
+        after = call_results(again, f"drained-{n}")
+        again.close()
+        assert [answer["payload"]["success"] for answer in before + after] == [True]
+        answered_after_resume += len(after)
+    assert answered_after_resume > 0  # the calls in flight at the stop
+    assert stop_seconds < 5, leaving.tail()
