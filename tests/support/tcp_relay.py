@@ -2,6 +2,8 @@
 
 For a client whose server stops answering without closing (a stalled network), and,
 with `thaw`, for a path that stalls for a while and then delivers what it held back.
+New connections can be sent to another port: one address in front of the instances of
+a rolling restart, as a Kubernetes Service is.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class TcpRelay:
     def thaw(self) -> None:
         """Forward again, what was held back first."""
         self._frozen.clear()
+
+    def send_new_connections_to(self, target_port: int) -> None:
+        """Connections from now on go to another port (a Service's endpoints changing)."""
+        self._target = target_port
 
     def close(self) -> None:
         self._closed.set()
