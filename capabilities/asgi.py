@@ -24,6 +24,7 @@ def with_abp(django_application: Any) -> Any:
     """
     from channels.routing import ProtocolTypeRouter, URLRouter
 
+    from capabilities import tracing
     from capabilities.calls import warm_up
     from capabilities.mcp_door.app import MCPDoor, routed
     from capabilities.transport.browser_origins import browser_origin_validator
@@ -35,6 +36,8 @@ def with_abp(django_application: Any) -> Any:
     # The event loop and the ORM's worker thread hand the GIL to each other on every
     # settle; Python's default 5 ms hand-over would dominate a cancel's confirmation.
     sys.setswitchinterval(0.0005)
+    # Off unless OTEL_* name a collector (docs/operating.md#traces).
+    tracing.setup(tracing.WEB_SERVICE)
     _close_oversized_frames_with_1009()
     _refuse_sends_after_disconnect()
     _send_registered_close_codes()

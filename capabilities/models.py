@@ -213,6 +213,10 @@ class Job(models.Model):
     # worker is gone (the reaper then fails the job with WORKER_LOST).
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
+    # The call's span (a W3C traceparent), written only while traces are on
+    # (capabilities/tracing.py): dispatch, the worker, the settle and the delivery
+    # join the call's trace from it, in whichever process and however much later.
+    trace_parent = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ("-created_at",)

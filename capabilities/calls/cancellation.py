@@ -20,6 +20,7 @@ from datetime import datetime
 
 from channels.db import database_sync_to_async
 
+from capabilities import tracing
 from capabilities.calls.background import Background
 from capabilities.jobs import abort_flags, dispatch, notes, queue
 from capabilities.jobs.lifecycle import Outcome, record_stopped, settle
@@ -37,7 +38,21 @@ def settle_cancelled(
     `delivered`: the caller sends the cancelled results at once (see `claim_delivery`).
     """
     outcome = Outcome.cancelled(source, reason)
-    return {job_id: settle(job_id, outcome, delivered=delivered) for job_id in job_ids}
+    if not tracing.enabled():
+        return {job_id: settle(job_id, outcome, delivered=delivered) for job_id in job_ids}
+    won: dict[str, bool] = {}
+    for job_id, trace_parent in _trace_parents(job_ids).items():
+        # Its own span in the call's trace, linked to the call's span: a cancel may
+        # come long after the call, from anyone (an operator, the reaper).
+        with tracing.span("abp.cancel", trace_parent, link=True, job_id=job_id, source=source):
+            won[job_id] = settle(job_id, outcome, delivered=delivered)
+    return won
+
+
+def _trace_parents(job_ids: list[str]) -> dict[str, str]:
+    """Each job's call's traceparent ("" for none), in the order given."""
+    found = dict(Job.objects.filter(pk__in=job_ids).values_list("id", "trace_parent").iterator())
+    return {job_id: found.get(uuid.UUID(job_id), "") for job_id in job_ids}
 
 
 def stop_work(job_id: str) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from capabilities import tracing
 from capabilities.calls import job_writes, lane_pool, params_size
 from capabilities.calls.lane_pool import LanePool
 from capabilities.conf import abp_settings
@@ -192,7 +193,7 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
     try:
         # The lane's own cap; the call's deadline cancels it as any call's does.
         seconds = abp_settings().LOCAL_LANE_TIME_LIMIT_SECONDS
-        outcome = await _lane.run(str(job.id), job.capability, params, seconds)
+        outcome = await _ran(job, params, seconds)
         if outcome is None:  # stopped: whoever stopped it settled it first
             await database_sync_to_async(lifecycle.record_stopped)(job.id)
             return
@@ -208,6 +209,16 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
     finally:
         _lane.unsettled.discard(str(job.id))
         _lane.give_back()
+
+
+async def _ran(job: Job, params: dict[str, Any], seconds: float) -> lifecycle.Outcome | None:
+    """The lane's run of the job, under `abp.run` while traces are on."""
+    if not tracing.enabled():
+        return await _lane.run(str(job.id), job.capability, params, seconds)
+    with tracing.span(
+        "abp.run", job.trace_parent, job_id=job.id, capability=job.capability, worker=job.worker
+    ):
+        return await _lane.run(str(job.id), job.capability, params, seconds)
 
 
 def _outcome(job_id: str, ended: runs.Ran | lane_pool.Failure) -> lifecycle.Outcome:

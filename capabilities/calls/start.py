@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from capabilities import tracing
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
 from capabilities.calls import budgets, job_writes, local_lane, start_retries
@@ -81,13 +82,18 @@ def max_timeout_ms(principal: Principal, capability: str) -> int:
 async def start(principal: Principal, call: CallRequest) -> Job:
     """Check the call and create its job (queued once committed); CallRefused if not."""
     try:
-        return await _start(principal, call)
+        if not tracing.enabled():
+            return await _start(principal, call)
+        with tracing.call_span(
+            session_id=call.session_id, call_id=call.call_id, capability=call.capability
+        ) as trace_parent:
+            return await _start(principal, call, trace_parent)
     finally:
         if call.turn is not None:  # refused before its row was handed over
             call.turn.pass_on()
 
 
-async def _start(principal: Principal, call: CallRequest) -> Job:
+async def _start(principal: Principal, call: CallRequest, trace_parent: str = "") -> Job:
     spec = _spec(call.capability)
     error = budgets.call_refusal(principal, call.capability, call.params)
     if error is not None:
@@ -121,6 +127,7 @@ async def _start(principal: Principal, call: CallRequest) -> Job:
             "notify_started": call.notify_started,
             "ticket": call.ticket,
             "run_by": lane.name if taken else None,
+            **({"trace_parent": trace_parent} if trace_parent else {}),
         },
     )
     writing = job_writes.create(new)

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
+from capabilities import tracing
 from capabilities.conf import abp_settings
 from capabilities.jobs import notes, queue, row_updates, workers
 from capabilities.jobs.slot_counts import SlotCounts, slot_counts
@@ -157,13 +158,14 @@ _LINE_COLUMNS = ("id", "capability", "deadline", "session_id", "call_id", "progr
 
 def _hand_over(name: str, principal: str, count: int) -> list[str]:
     """Send the principal's `count` oldest waiting jobs on the queue to Celery."""
+    columns = (*_LINE_COLUMNS, "trace_parent") if tracing.enabled() else _LINE_COLUMNS
     line = [
-        Job(**dict(zip(_LINE_COLUMNS, row, strict=True)))
+        Job(**dict(zip(columns, row, strict=True)))
         for row in Job.objects.filter(
             status=JobStatus.QUEUED, dispatched_at__isnull=True, queue=name, principal=principal
         )
         .order_by("created_at")
-        .values_list(*_LINE_COLUMNS)[: count + abp_settings().QUEUE_POSITION_UPDATES]
+        .values_list(*columns)[: count + abp_settings().QUEUE_POSITION_UPDATES]
     ]
     sent: list[str] = []
     for job in line[:count]:

@@ -86,6 +86,7 @@ def create_job(
     counts: SlotCounts | None = None,
     settled: Outcome | None = None,
     run_by: str | None = None,
+    trace_parent: str = "",
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
@@ -95,6 +96,7 @@ def create_job(
     outcome, delivered (its connection answered already), and never sent.
     `run_by`: the caller runs it at once (calls/local_lane.py): the row is written
     running, by that worker, on the local queue, and never sent.
+    `trace_parent`: the call's span, while traces are on (capabilities/tracing.py).
     """
     timeout_ms = min(timeout_ms or abp_settings().DEFAULT_TIMEOUT_MS, abp_settings().MAX_TIMEOUT_MS)
     now = timezone.now()
@@ -124,6 +126,7 @@ def create_job(
         notify_started=notify_started,
         created_at=now,
         deadline=now + timedelta(milliseconds=timeout_ms),
+        trace_parent=trace_parent,
     )
     if settled is not None:
         for field, value in outcome_values(settled, now).items():

@@ -11,10 +11,12 @@ WeasyPrint and Pillow). The worker registers its tasks under these names.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from celery import current_app
 from django.utils import timezone
 
+from capabilities import tracing
 from capabilities.conf import abp_settings
 from capabilities.models import Job
 from capabilities.work import registry
@@ -26,6 +28,18 @@ LOCAL_QUEUE = "local"
 
 def enqueue(job: Job) -> None:
     """Queue the job's task (its id is the job's), with the deadline as backstops."""
+    if not tracing.enabled():
+        _send(job)
+        return
+    with tracing.span(
+        "abp.dispatch", job.trace_parent, job_id=job.id, queue=queue_for(job.capability)
+    ):
+        # The worker's run joins the trace from these (opentelemetry-instrumentation-
+        # celery reads them); Daphne sends by name, which that library cannot trace.
+        _send(job, headers=tracing.headers(job.trace_parent))
+
+
+def _send(job: Job, **options: Any) -> None:
     assert job.deadline is not None
     remaining = max((job.deadline - timezone.now()).total_seconds(), 0.001)
     grace = abp_settings().HARD_KILL_GRACE_SECONDS
@@ -40,6 +54,7 @@ def enqueue(job: Job) -> None:
         # Whole seconds, rounded up: the precise deadline is the session's and the reaper's.
         soft_time_limit=math.ceil(remaining),
         time_limit=math.ceil(remaining + grace),
+        **options,
     )
 
 

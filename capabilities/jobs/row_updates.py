@@ -13,7 +13,8 @@ stored exactly as the ORM stores them, on SQLite and PostgreSQL alike.
 The hand-over to Celery, the start, the settle and the end of the work are all
 updates here, so this is where their job events are logged (`events`): while they
 are on, the same statement returns the job's fields (RETURNING), so logging them
-costs no query.
+costs no query. So are the settle's and the delivery claim's spans while traces are
+on (capabilities/tracing.py): the statement returns the call's traceparent too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, cast
 from django.db import connection
 from django.db.models import Field
 
+from capabilities import tracing
 from capabilities.jobs import events
 from capabilities.models import AgentSession, Job, JobStatus
 
@@ -44,6 +46,7 @@ def _statement(
     *,
     fields: tuple[str, ...] = (),
     returning: bool = False,
+    traced: bool = False,
 ) -> str:
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
@@ -58,6 +61,8 @@ def _statement(
     returned = [f"{table}.{quote(_field(name).column)}" for name in fields]
     if returning:
         returned.append(_event_columns(table))
+    if traced:
+        returned.append(f"{table}.{quote(_field('trace_parent').column)}")
     return (
         f"UPDATE {table} SET {', '.join(assignments)} "
         f"WHERE {quote(Job._meta.pk.column)} = %s{only}{also}"
@@ -94,6 +99,15 @@ def _event_of(values: dict[str, Any], where_null: str | None) -> str | None:
         return "dispatched"
     if "stopped_at" in values:  # not a heartbeat's `where_null`: that writes no stop
         return "stopped"
+    return None
+
+
+def _span_of(values: dict[str, Any]) -> str | None:
+    """Which span an update is, if any: a settle (perhaps claiming its delivery too), or a claim."""
+    if "settled_at" in values:
+        return "abp.settle"
+    if "delivered_at" in values and values["delivered_at"] is not None:
+        return "abp.deliver"
     return None
 
 
@@ -181,6 +195,8 @@ def _update(
     params.append(Job._meta.pk.get_db_prep_save(uuid.UUID(str(job_id)), connection))
     params += list(statuses)
     event = _event_of(values, where_null) if events.enabled() else None
+    span = _span_of(values) if tracing.enabled() else None
+    began = tracing.started() if span is not None else 0
     sql = _statement(
         connection.vendor,
         columns,
@@ -189,15 +205,19 @@ def _update(
         where_null,
         fields=fields,
         returning=event is not None,
+        traced=span is not None,
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if event is None and not fields:
+        if event is None and span is None and not fields:
             return () if cursor.rowcount == 1 else None
         rows = cursor.fetchall()
     if len(rows) != 1:
         return None
     row = tuple(rows[0])
+    if span is not None:
+        row, trace_parent = row[:-1], row[-1]
+        _record(span, job_id, values, trace_parent, began)
     if event is not None:
         *context, stopped = row[len(fields) :]
         details = _details(event, values)
@@ -205,3 +225,13 @@ def _update(
             details["workStopped"] = stopped is not None
         events.emit_row(event, job_id, tuple(context), **details)
     return row[: len(fields)]
+
+
+def _record(
+    span: str, job_id: uuid.UUID | str, values: dict[str, Any], trace_parent: str, began: int
+) -> None:
+    """The settle's span (and the delivery's, if it claimed it too), in the call's trace."""
+    outcome = str(values["status"]) if "status" in values else None
+    tracing.record(span, trace_parent, began, job_id=job_id, outcome=outcome)
+    if span == "abp.settle" and values.get("delivered_at") is not None:
+        tracing.record("abp.deliver", trace_parent, began, job_id=job_id)

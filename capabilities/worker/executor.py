@@ -11,12 +11,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django import db
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
+from capabilities import tracing
 from capabilities.conf import abp_settings
 from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job
@@ -26,6 +28,9 @@ from capabilities.work.context import File, JobAborted
 from capabilities.work.context_base import ContextBase
 from capabilities.worker import memory_limit, outages
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +49,9 @@ WORKER_FIELDS = (
 
 class WorkerContext(ContextBase):
     """The JobContext runners get in a worker."""
+
+    span: Span | None = None
+    """The run's span while traces are on: progress goes on it as events."""
 
     def __init__(self, job: Job, interrupter: Interrupter) -> None:
         self._job = job
@@ -79,6 +87,9 @@ class WorkerContext(ContextBase):
             _off_the_loop(lambda: self.report(progress=progress, total=total, stage=stage))
             return
         with self._interrupter.shielded():
+            if self.span is not None:
+                totals = {} if total is None else {"total": total}
+                self.span.add_event("progress", {"progress": progress, "stage": stage, **totals})
             if self._job.progress_token is not None:
                 notes.notify(
                     self._session_id,
@@ -179,17 +190,32 @@ def execute(job_id: str, *, worker_name: str) -> None:
 
 
 def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
-    global _running  # noqa: PLW0603 - see execute
     # No look at the abort flag first: every flag goes up after a cancel won its
     # settle (calls/cancellation.py), and a settled job is no longer queued, so the
     # conditional start refuses it. A revoke lost while no worker ran changes nothing.
-    job = lifecycle.start(job_id, worker_name, WORKER_FIELDS)
+    traced = tracing.enabled()
+    fields = (*WORKER_FIELDS, "trace_parent") if traced else WORKER_FIELDS
+    job = lifecycle.start(job_id, worker_name, fields)
     if job is None:
         logger.info("Job %s is no longer queued; skipped", job_id)
         return
+    if not traced:
+        _execute_job(job, interrupter)
+        return
+    with tracing.span(
+        "abp.run", job.trace_parent, job_id=job_id, capability=job.capability, worker=worker_name
+    ) as span:
+        _execute_job(job, interrupter, span)
+
+
+def _execute_job(job: Job, interrupter: Interrupter, span: Span | None = None) -> None:
+    """Run a started job and settle it (`span`: its run's, while traces are on)."""
+    global _running  # noqa: PLW0603 - see execute
+    job_id = str(job.id)
     if job.notify_started:
         notes.notify(str(job.session_id), notes.job_started(job.call_id))
     context = _running = WorkerContext(job, interrupter)
+    context.span = span
     try:
         outcome = _run(job, context, interrupter)
     except JobAborted:

@@ -19,11 +19,13 @@ from celery.signals import (
     task_revoked,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
 )
 from django.db import close_old_connections, connections
 
+from capabilities import tracing
 from capabilities.calls import cancellation
 from capabilities.jobs import lifecycle, queue, retention
 from capabilities.work import registry
@@ -127,6 +129,15 @@ def _prepare_child(**_: Any) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     interrupter.start_watcher()
     heartbeat.start()
+    # Off unless OTEL_* name a collector (docs/operating.md#traces). Per child: the
+    # exporter's thread would not survive the fork.
+    tracing.setup(tracing.WORKER_SERVICE, instrument_celery=True)
+
+
+@worker_process_shutdown.connect
+def _flush_spans(**_: Any) -> None:
+    # A child leaves through os._exit, past atexit: the batched spans go now.
+    tracing.shutdown()
 
 
 @task_failure.connect
