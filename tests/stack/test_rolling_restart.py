@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import os
 from collections import Counter
+from typing import Any
 
 from abp_jobs_client import AsyncClient
 
@@ -20,7 +21,7 @@ from tests.support.stack import ManagedProcess, Stack, free_port, port_open, pyt
 from tests.support.tcp_relay import TcpRelay
 
 AGENTS = 4
-CALLS = [
+CALLS: list[tuple[str, dict[str, Any]]] = [
     ("test.sleep", {"steps": 15, "stepMs": 20}),  # 0.3 s on a heavy worker
     ("convert.markdownToHtml", {"markdown": "# rolling"}),
     ("test.sleep", {"steps": 40, "stepMs": 20}),  # 0.8 s
@@ -46,7 +47,7 @@ async def agent(url: str, stop: asyncio.Event, answers: Counter[str], errors: li
     async with AsyncClient(url, key=os.environ["ABP_TEST_AGENT_KEY"]) as client:
         for capability, params in itertools.cycle(CALLS):
             if stop.is_set():
-                return made
+                break
             made += 1
             try:
                 result = await client.call(capability, params)
@@ -54,6 +55,7 @@ async def agent(url: str, stop: asyncio.Event, answers: Counter[str], errors: li
                 errors.append(f"{capability}: {type(error).__name__}: {error}")
                 continue
             answers[result.call_id] += 1
+    return made
 
 
 def test_a_rolling_restart_of_a_daphne_and_a_worker_under_load_loses_no_call(
