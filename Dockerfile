@@ -19,7 +19,7 @@ WORKDIR /app
 COPY . .
 # pip installs the app and its dependencies; abpsite, the demo project, is not in the
 # wheel, so the code runs from /app: PYTHONPATH puts /app ahead of the installed copy.
-RUN pip install '.[postgres]' \
+RUN pip install '.[postgres,tracing]' \
     && mkdir -p /app/var/media /app/var/static \
     && chown -R app:app /app/var
 ENV PYTHONPATH=/app \

@@ -58,3 +58,15 @@ def test_a_stopping_daphne_closes_its_sessions_with_1012_and_they_resume_elsewhe
         answered_after_resume += len(after)
     assert answered_after_resume > 0  # the calls in flight at the stop
     assert stop_seconds < 5, leaving.tail()
+
+
+def test_a_key_that_cannot_be_checked_is_closed_with_1013_by_a_real_daphne(stack: Stack) -> None:
+    # Autobahn refuses 1012 and 1013 from application code: before Daphne's close sent
+    # them itself, this close raised, and the socket stayed open with nobody reading it.
+    away = {"DATABASE_URL": "sqlite:////nonexistent/abp-test/db.sqlite3"}
+    with stack.another_web("daphne-database-away", away) as where:
+        agent = Agent(f"ws://{where}/abp/ws")
+        try:
+            assert agent.read_until_closed(timeout=10) == 1013
+        finally:
+            agent.close()
