@@ -142,10 +142,12 @@ test: deps lint $(NODE_STAMPS)
 # The fast lane: every test that needs no stack (`-m "not stack"`), in this process, on
 # SQLite, with no Redis, worker, Daphne or browser, and no process started (a test that
 # starts one fails: tests/conftest.py). Under a minute; `make test` still runs everything.
+# The two end-to-end folders are not even collected (their imports cost seconds).
 test-fast: export ABP_TEST_DATABASE := sqlite
 test-fast: export ABP_TEST_LANE := fast
 test-fast: deps
-	$(BIN)/python -m pytest -m "not stack and not postgres" -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not stack and not postgres" -p no:cacheprovider \
+	  --ignore=tests/stack --ignore=tests/browser $(PYTEST_ARGS)
 
 # Every test that reaches a database, and the `postgres` ones, against PostgreSQL (pure
 # and browser tests are left to `make test`: tests/conftest.py): tests/support/environment.py
