@@ -57,6 +57,10 @@ SQLITE_PASS_ONLY = (
     "tests/stack/test_storage_s3.py",
     "tests/abpsite/test_production_settings.py",
     "tests/jsonrpc/test_jsonrpc_fuzz.py",
+    # What processes do when stopped, and where their spans go: the same on any database.
+    "tests/stack/test_drain.py",
+    "tests/stack/test_rolling_restart.py",
+    "tests/stack/test_traces.py",
 )
 
 
