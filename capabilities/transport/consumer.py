@@ -121,8 +121,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.key_group: str | None = None
         if draining.is_draining():
             # This instance is stopping: the client resumes on another at once.
-            await self.accept(subprotocol=credentials.selected_subprotocol(self.scope))
-            await self.close(code=SERVICE_RESTART)
+            await self.accept_and_close(SERVICE_RESTART)
             return
         prefix = credentials.key_prefix_presented(self.scope)
         if prefix is not None:
@@ -140,8 +139,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             # The key could not be looked up (PostgreSQL restarting): 1013, try again
             # later, which every client reconnects (or resumes) after.
             logger.warning("Connection closed: the agent key could not be checked", exc_info=True)
-            await self.accept(subprotocol=subprotocol)
-            await self.close(code=TRY_AGAIN_LATER)
+            await self.accept_and_close(TRY_AGAIN_LATER)
             return
         base_url = abp_settings().PUBLIC_BASE_URL or _base_url_of(self.scope)
         self.io = SessionIO(self.session, principal, base_url=base_url, door=self.door)
@@ -155,6 +153,11 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         )
         await self.perform(self.session.accepted(limits))
         await self.accept(subprotocol=subprotocol)
+
+    async def accept_and_close(self, code: int) -> None:
+        """Accept the handshake only to close at once with `code`: the client learns why."""
+        await self.accept(subprotocol=credentials.selected_subprotocol(self.scope))
+        await self.close(code=code)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, without its hop to close stale database connections.

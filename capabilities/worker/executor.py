@@ -199,7 +199,7 @@ def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
     if job is None:
         logger.info("Job %s is no longer queued; skipped", job_id)
         return
-    if not traced:
+    if not traced:  # trace_parent was not loaded: reading it would cost a query
         _execute_job(job, interrupter)
         return
     with tracing.span(
