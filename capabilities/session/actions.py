@@ -148,6 +148,9 @@ class CancelStart:
     call_id: str
     reason: str
     message: CancelRequest | CancelPendingRequest
+    overtakes: bool = True
+    """False for a re-sent call: its first copy may have a row already, written by the
+    session's old connection, so the cancel must wait for the start and find that row."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -541,13 +541,22 @@ class Session:
 
     def _cancel(self, message: CancelRequest) -> list[Action]:
         reason = message.reason or ""
-        if message.call_id in self._starting:
-            return [CancelStart(call_id=message.call_id, reason=reason, message=message)]
+        start = self._starting.get(message.call_id)
+        if start is not None:
+            return [self._cancel_start(start, reason, message)]
         call = self._calls.get(message.call_id)
         if call is None:
             then = CancelFound(request_id=message.id, reason=reason)
             return [LookUp(call_id=message.call_id, then=then)]
         return [self._settle_agent_cancel(call, message.id, reason)]
+
+    @staticmethod
+    def _cancel_start(
+        start: StartCall, reason: str, message: CancelRequest | CancelPendingRequest
+    ) -> CancelStart:
+        return CancelStart(
+            call_id=start.call_id, reason=reason, message=message, overtakes=not start.resent
+        )
 
     def _cancel_pending_request(self, message: CancelPendingRequest) -> list[Action]:
         """`$/cancel_request`: cancel the call a request of this connection made.
@@ -558,8 +567,9 @@ class Session:
         call_id = self._call_of_request.get(self._wire.store_id(message.request_id))
         if call_id is None or self.state is not ConnectionState.OPEN:
             return []
-        if call_id in self._starting:
-            return [CancelStart(call_id=call_id, reason="$/cancel_request", message=message)]
+        start = self._starting.get(call_id)
+        if start is not None:
+            return [self._cancel_start(start, "$/cancel_request", message)]
         call = self._calls.get(call_id)
         if call is None:
             return []

@@ -276,9 +276,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 start_call = functools.partial(self.start_call, action, turn=self.order.turn())
                 self.starts.begin(action.call_id, start_call)
             case do.CancelStart():
-                if self.starts.cancel(action.call_id, action.reason):
+                if action.overtakes and self.starts.cancel(action.call_id, action.reason):
                     return self.session.start_cancelled(action)
-                # Its row is being written: the cancel takes the usual path after.
+                # Its row is being written, or the call is a re-sent one whose first
+                # copy may have a row: the cancel takes the usual path after its start.
                 self.starts.after(action.call_id, self.receive_message(action.message))
             case do.SettleCancels():
                 return await self.io.settle_cancels(action)

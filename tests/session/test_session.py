@@ -1276,6 +1276,21 @@ def test_a_resent_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
     assert session.in_flight("c1") is not None
 
 
+def test_a_cancel_never_overtakes_a_resent_calls_start() -> None:
+    # Its first copy may have a row already, from the old connection: a cancel that won
+    # before the re-sent copy's row would answer for a call that still runs.
+    session = open_session()
+    session.receive(call("c1", resent=True))
+    session.receive(call("c2", message_id="req-2"))
+    by_call = CancelRequest(id="k-1", call_id="c1")
+    assert session.receive(by_call) == [
+        CancelStart(call_id="c1", reason="", message=by_call, overtakes=False)
+    ]
+    [other] = session.receive(CancelRequest(id="k-2", call_id="c2"))
+    assert isinstance(other, CancelStart)
+    assert other.overtakes is True
+
+
 def test_taking_over_a_held_session_tells_its_old_connection_first() -> None:
     session, action = resuming()
     actions = session.resumed(action, token="t", generation=2, was_held=True, calls=[])

@@ -688,6 +688,57 @@ def test_a_second_cancel_of_a_call_cancelled_before_its_row_finds_the_row(key: s
     run(scenario)
 
 
+class OldConnectionWritesFirst(HeldStart):
+    """The re-sent copy of call "c-1" held before its row, once the first copy's row is
+    written: as when the session's old connection read that copy late and wrote it."""
+
+    def __init__(self) -> None:
+        super().__init__(before_row=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Job:
+        self.real(*args, **{**kwargs, "ticket": None})
+        return super().__call__(*args, **kwargs)
+
+
+def test_a_cancel_of_a_resent_call_waits_for_its_start_and_cancels_the_first_copys_row(
+    key: str,
+) -> None:
+    held = OldConnectionWritesFirst()
+
+    async def scenario() -> None:
+        with Seams() as seams, mock.patch("capabilities.calls.budgets.create_job", held):
+            first = Agent(key)
+            await first.connect()
+            opened = (await first.initialize())["payload"]
+            session_id, token = opened["sessionId"], opened["resumeToken"]
+            await first.disconnect(1006)
+            agent = Agent(key)
+            await agent.connect()
+            assert (await resume(agent, session_id, token))["payload"]["heldCalls"] == []
+            options = {"callId": "c-1", "resent": True}
+            payload = {"capability": "convert.markdownToHtml", "params": MARKDOWN}
+            call_message = await agent.send("capabilities/call", {**payload, "options": options})
+            await held.wait_reached()
+            cancel_message = await agent.send("capabilities/cancel", {"callId": "c-1"})
+            # Not answered before the start: a "cancelled" now would leave the first
+            # copy's row to run, and be answered a second time.
+            await agent.nothing_more()
+            held.release.set()
+            cancel_reply = await agent.reply_to(cancel_message)
+            assert cancel_reply["payload"] == {"callId": "c-1", "cancelled": True}
+            result = await agent.reply_to(call_message)
+            assert result["payload"]["error"]["code"] == "CANCELLED"
+            await agent.nothing_more()
+            await agent.disconnect()
+            stored = await job_of(session_id, "c-1")
+            assert stored is not None
+            assert stored.status == JobStatus.CANCELLED
+            assert stored.delivered_at is not None
+            assert seams.stopped == [str(stored.id)]
+
+    run(scenario)
+
+
 async def resume(agent: Agent, session_id: str, token: str) -> Envelope:
     message_id = await agent.send(
         "initialize",
