@@ -235,7 +235,9 @@ async def revoked_lane(keys: Keys, ctx: Lane, agents_made: list[SoakAgent]) -> N
         agents_made.append(agent)
         try:
             await agent.open()
-        except (fleet.SessionRefused, OSError, InvalidHandshake, TimeoutError) as refused:
+        except (
+            fleet.SessionRefused, OSError, InvalidHandshake, TimeoutError, ConnectionClosed,
+        ) as refused:  # fmt: skip
             ledger.count(DOOR, f"revocable session not opened: {type(refused).__name__}")
             await asyncio.sleep(5)
             continue

@@ -123,6 +123,16 @@ class RpcSession:
                 self._received(json.loads(frame), connection)
         if self._closing or connection != self.connection:
             return
+        if not self._live.is_set():
+            # Closed before its initialize was answered (a 1013 while PostgreSQL is
+            # away): the open waiting for that answer fails now and tries again. Only
+            # a live socket's loss starts a recovery: two at once would resume the
+            # session against each other.
+            for reply in self._pending.values():
+                if not reply.done():
+                    reply.set_exception(ConnectionError(f"socket {connection} closed"))
+            self._pending.clear()
+            return
         self._live.clear()
         self._keep(asyncio.create_task(self._recover()))
 
