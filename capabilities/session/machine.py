@@ -350,6 +350,12 @@ class Session:
         if was_held:
             # Its old connection may linger (a half-open socket, another Daphne).
             actions.append(AnnounceTakeover(session_id=action.session_id, generation=generation))
+        # A call can be in both lists: read unanswered, then claimed by a lingering old
+        # connection before `again` was read. Sent once, as an answer again; its claim,
+        # should that connection give it back, is then taken without sending.
+        sent_again = {call.call_id for call, _ in again}
+        both = [call for call in calls if call.call_id in sent_again]
+        calls = [call for call in calls if call.call_id not in sent_again]
         held = [call.call_id for call in calls] + [call.call_id for call, _ in again]
         actions.append(Send(text=self._open(action.session_id, token, held_calls=held)))
         for call in calls:
@@ -360,6 +366,8 @@ class Session:
             request_id = self._wire.load_id(call.request_id)
             actions.append(Send(text=self._wire.call_result(request_id, response, own=False)))
             self._answered_again.add(call.call_id)
+        for call in both:
+            actions.append(ClaimResult(call_id=call.call_id, job_id=call.job_id, response=None))
         return actions
 
     def resume_refused(self, error: WireError) -> list[Action]:

@@ -1243,6 +1243,30 @@ def test_a_result_answered_again_then_given_back_by_its_old_connection_is_not_se
     assert [type(a) for a in session.result_claimed(claim, response)] == [StopTimer, Send]
 
 
+def test_a_call_read_unanswered_then_answered_by_a_lingering_connection_is_sent_once() -> None:
+    # The soak's duplicate of 17:02: the resume read the call unanswered, the old
+    # connection claimed it (and was to give it back) before `again` was read, so the
+    # resume had it twice. Sent once, as an answer again, and claimed without sending.
+    session = connected(limits=Limits(resumable=True))
+    resume = ResumeRequest(session_id="s-9", token="tok", awaiting=("c3",))
+    [action] = session.receive(Initialize(id="r", resume=resume))
+    assert isinstance(action, ResumeSession)
+    unanswered = record("c3", job_id="j3", request_id="q3", status="succeeded")
+    answered = replace(unanswered, delivered=True)
+    response = responses.succeeded("c3", {"ok": True}, 5)
+    actions = session.resumed(
+        action, token="t2", generation=1, was_held=True, calls=[unanswered],
+        again=[(answered, response)],
+    )  # fmt: skip
+    assert envelope(actions[1])["payload"]["heldCalls"] == ["c3"]
+    assert sum(isinstance(a, Send) and "call-result" in a.text for a in actions) == 1
+    claim = ClaimResult(call_id="c3", job_id="j3", response=None)
+    assert actions[-1] == claim
+    assert session.in_flight("c3") is None
+    # Given back, the claim is won here: nothing more is sent.
+    assert session.result_claimed(claim, response) == []
+
+
 def test_a_fresh_initialize_result_has_no_held_calls() -> None:
     session = connected()
     [action] = session.receive(Initialize(id="i"))
