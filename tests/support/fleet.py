@@ -245,6 +245,13 @@ class AgentSession:
             self.live.clear()
             self.current = None
             self._recovering = asyncio.create_task(self._recover())
+            return
+        # Closed before its initialize was answered (a 1013 while the database is
+        # away): the attach waiting for that answer tries again now, not in 60 s.
+        for message_id, reply in list(self._replies.items()):
+            if not reply.done():
+                reply.set_exception(ConnectionError(f"connection {conn.index} closed"))
+            del self._replies[message_id]
 
     def _route(self, now: float, conn: Connection, message: Envelope) -> None:
         kind = message.get("type")
