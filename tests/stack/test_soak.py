@@ -24,6 +24,7 @@ from tests.support.soak.faults import Kind, schedule
 from tests.support.soak.invariants import check
 from tests.support.soak.ledger import Answer, Ledger, Op
 from tests.support.soak.main import run_soak
+from tests.support.soak.memory import Sample, slopes
 from tests.support.soak.rows import COLUMNS, RowWatch
 from tests.support.soak.run import Options
 
@@ -160,3 +161,48 @@ def test_the_schedule_has_every_kind_or_with_no_rate_nothing() -> None:
     assert len(faults) == len(Kind)  # 9 by the rate, but each kind at least once
     assert all(15 <= fault.at <= 150 for fault in faults)
     assert none == []
+
+
+def _lives(role: str, *, restart_every: float, base_kib: int, fill_kib: int, climb_kib: int = 0,
+           leak_kib_per_1000: float = 0.0, seconds: float = 3600) -> list[Sample]:  # fmt: skip
+    """A role's samples every 5 s, 800 calls a minute: each process fills `fill_kib` over
+    its first 3 minutes, leaks as asked, and each restart starts `climb_kib` higher."""
+    samples = []
+    for step in range(int(seconds / 5) + 1):
+        at = step * 5.0
+        life = int(at // restart_every)
+        age, calls = at - life * restart_every, int(at * 800 / 60)
+        age_calls = age * 800 / 60
+        rss = base_kib + life * climb_kib + fill_kib * min(age / 180, 1.0)
+        rss += leak_kib_per_1000 * age_calls / 1000
+        samples.append(Sample(at, calls, role, role, 1000 + life, int(rss)))
+    return samples
+
+
+def test_the_memory_judges_tell_a_new_process_filling_up_from_memory_that_grows() -> None:
+    lives = [
+        # Restarted every 3 minutes by faults, filling 134 -> 145 MiB each time.
+        _lives("filling", restart_every=180, base_kib=134 << 10, fill_kib=11 << 10),
+        # One process all hour, 2 MiB more per 1,000 calls.
+        _lives("leaking", restart_every=4000, base_kib=100 << 10, fill_kib=0,
+               leak_kib_per_1000=2048),
+        # Restarted as often, but each new one starts 4 MiB higher.
+        _lives("climbing", restart_every=180, base_kib=100 << 10, fill_kib=0, climb_kib=4096),
+        # All hour, filled up and then flat.
+        _lives("steady", restart_every=4000, base_kib=120 << 10, fill_kib=8 << 10),
+    ]  # fmt: skip
+    samples = sorted((s for life in lives for s in life), key=lambda sample: sample.at)
+    by_role = {m.role: m for m in slopes(samples)}
+
+    filling, leaking, climbing, steady = (
+        by_role[r] for r in ("filling", "leaking", "climbing", "steady")
+    )
+    assert filling.judged == climbing.judged == 0  # no life long enough for its own slope
+    assert (filling.flat, leaking.flat, climbing.flat, steady.flat) == (True, False, False, True)
+    assert (filling.ceiling_growth or 0) < 50
+    assert 1900 < (leaking.median or 0) < 2200
+    assert (climbing.ceiling_growth or 0) > 1024
+    assert steady.median == 0.0
+    # Ten minutes: too short to compare ceilings, and no life long enough either.
+    short = slopes(_lives("short", restart_every=180, base_kib=1 << 20, fill_kib=0, seconds=600))
+    assert short[0].flat is None

@@ -125,12 +125,22 @@ def text(report: dict[str, Any]) -> list[str]:
             )
     memory = report["memory"]
     bound = memory["bound_kib_per_1000_calls"]
-    lines.append(f"== RSS slope, KiB per 1,000 calls once warm (bound {bound:g})")
+    lines.append(
+        f"== RSS, KiB per 1,000 calls (bound {bound:g}): each long-lived process's slope"
+        " once warm, and the role's ceiling, last third against first"
+    )
     for m in memory["roles"]:
         verdict = {True: "flat", False: "GROWING", None: "too short to judge"}[m["flat"]]
+        ceiling = (
+            "ceiling not compared (a short run)"
+            if m.get("ceiling_first_kib") is None
+            else f"ceiling {m['ceiling_first_kib'] // 1024} -> {m['ceiling_last_kib'] // 1024}"
+            f" MiB ({m['ceiling_growth']})"
+        )
         lines.append(
-            f"   {m['role']:22} median {m['median']}, max {m['maximum']} over {m['judged']}/"
-            f"{m['series']} processes; last RSS {m['last_rss_kib'] // 1024} MiB: {verdict}"
+            f"   {m['role']:22} slope median {m['median']}, max {m['maximum']} over"
+            f" {m['judged']}/{m['series']} processes; {ceiling};"
+            f" last RSS {m['last_rss_kib'] // 1024} MiB: {verdict}"
         )
     rows = report["rows"]
     lines.append(
