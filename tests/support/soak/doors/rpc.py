@@ -112,10 +112,13 @@ class RpcSession:
         request_id = next(self._ids)
         reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = reply
-        await self.ws.send(
-            json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-        )
-        return await asyncio.wait_for(reply, 60)
+        try:
+            await self.ws.send(
+                json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+            )
+            return await asyncio.wait_for(reply, 60)
+        finally:
+            self._pending.pop(request_id, None)
 
     async def _read(self, ws: ClientConnection, connection: int) -> None:
         with contextlib.suppress(ConnectionClosed, OSError):
