@@ -19,7 +19,9 @@ from capabilities.calls import cancellation
 from capabilities.jobs import dispatch, lifecycle, workers
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 
-HEAVY = "abp.heavy"
+# A queue of these tests' own: the suite's real stack shares the database, and its
+# reaper's pump would hand jobs on a queue its worker takes (abp.heavy) to that worker.
+HEAVY = "abp.dispatch-tests"
 
 
 class Broker:
@@ -56,6 +58,7 @@ def broker(database: None) -> Iterator[Broker]:
         mock.patch("capabilities.jobs.workers.live_workers", live_workers),
         mock.patch("capabilities.jobs.workers._seen", None),
         mock.patch("capabilities.jobs.queue.enqueue", enqueue),
+        mock.patch("capabilities.jobs.queue.queue_for", lambda capability: HEAVY),
         mock.patch("capabilities.jobs.notes.notify"),
     ):
         # Jobs other tests left active would hold slots: each test starts clean.
