@@ -217,8 +217,13 @@ class AgentSession:
             reply: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
             self._replies[message_id] = reply
             conn.reader = asyncio.create_task(self._read(conn))
-            await ws.send(envelope("initialize", message_id, payload))
-            answer = await asyncio.wait_for(reply, 60)
+            try:
+                await ws.send(envelope("initialize", message_id, payload))
+                answer = await asyncio.wait_for(reply, 60)
+            finally:
+                self._replies.pop(message_id, None)
+                if reply.done() and not reply.cancelled():
+                    reply.exception()  # read: a failed send raised its own already
         if "error" in answer["payload"]:
             conn.closing = True
             await ws.close()
@@ -248,10 +253,9 @@ class AgentSession:
             return
         # Closed before its initialize was answered (a 1013 while the database is
         # away): the attach waiting for that answer tries again now, not in 60 s.
-        for message_id, reply in list(self._replies.items()):
+        for reply in self._replies.values():
             if not reply.done():
                 reply.set_exception(ConnectionError(f"connection {conn.index} closed"))
-            del self._replies[message_id]
 
     def _route(self, now: float, conn: Connection, message: Envelope) -> None:
         kind = message.get("type")

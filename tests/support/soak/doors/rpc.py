@@ -119,6 +119,8 @@ class RpcSession:
             return await asyncio.wait_for(reply, 60)
         finally:
             self._pending.pop(request_id, None)
+            if reply.done() and not reply.cancelled():
+                reply.exception()  # read: a failed send raised its own already
 
     async def _read(self, ws: ClientConnection, connection: int) -> None:
         with contextlib.suppress(ConnectionClosed, OSError):
