@@ -58,7 +58,7 @@ def broker(database: None) -> Iterator[Broker]:
         mock.patch("capabilities.jobs.workers.live_workers", live_workers),
         mock.patch("capabilities.jobs.workers._seen", None),
         mock.patch("capabilities.jobs.queue.enqueue", enqueue),
-        mock.patch("capabilities.jobs.queue.queue_for", lambda capability: HEAVY),
+        mock.patch("capabilities.jobs.queue.queue_for", return_value=HEAVY),
         mock.patch("capabilities.jobs.notes.notify"),
     ):
         # Jobs other tests left active would hold slots: each test starts clean.

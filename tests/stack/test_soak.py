@@ -25,7 +25,7 @@ from tests.support.soak.invariants import check
 from tests.support.soak.ledger import Answer, Ledger, Op
 from tests.support.soak.main import run_soak
 from tests.support.soak.memory import Sample, slopes
-from tests.support.soak.rows import COLUMNS, RowWatch
+from tests.support.soak.rows import COLUMNS, JobHistory, RowWatch, busy_percent
 from tests.support.soak.run import Options
 
 DEFAULT_ARTIFACTS = ROOT / "var" / "test-artifacts"
@@ -206,3 +206,23 @@ def test_the_memory_judges_tell_a_new_process_filling_up_from_memory_that_grows(
     # Ten minutes: too short to compare ceilings, and no life long enough either.
     short = slopes(_lives("short", restart_every=180, base_kib=1 << 20, fill_kib=0, seconds=600))
     assert short[0].flat is None
+
+
+def test_the_heavy_workers_busy_share_counts_their_jobs_runs_over_their_slots() -> None:
+    at = datetime(2026, 12, 3, tzinfo=UTC)
+
+    def ran(worker: str, start: float, end: float) -> JobHistory:
+        row = {"worker": worker, "started_at": at + timedelta(seconds=start),
+               "settled_at": at + timedelta(seconds=end), "stopped_at": None}  # fmt: skip
+        return JobHistory(row)
+
+    jobs = {
+        "a": ran("heavy@node1:1", 0, 10),
+        "b": ran("heavy@node2:2", 0, 5),
+        "c": ran("small@node1:3", 0, 100),  # another queue's
+        "d": JobHistory(
+            {"worker": None, "started_at": None, "settled_at": None, "stopped_at": None}
+        ),
+    }
+    assert busy_percent(jobs, "heavy@", slots=2) == 75.0
+    assert busy_percent({}, "heavy@", slots=2) is None

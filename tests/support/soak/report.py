@@ -147,6 +147,8 @@ def text(report: dict[str, Any]) -> list[str]:
         f"== rows: {rows['at_end']} at the end, {rows['max']} at most; retention"
         f" {rows['retention_seconds']:g} s, none may stay past {rows['bound_seconds']:g} s"
     )
+    if rows.get("heavy_busy_percent") is not None:
+        lines.append(f"== heavy workers' slots busy {rows['heavy_busy_percent']:g}% of the run")
     for error in report.get("harness_errors", []):
         lines.append(f"== HARNESS ERROR: {error}")
     violations = report["violations"]

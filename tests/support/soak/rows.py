@@ -164,3 +164,19 @@ class RowWatch:
     def rows_of(self, tag: str) -> list[JobHistory]:
         """Every job seen for a call's tag."""
         return [self.jobs[job_id] for job_id in sorted(self.by_tag.get(tag, ()))]
+
+
+def busy_percent(jobs: dict[str, JobHistory], worker_prefix: str, slots: int) -> float | None:
+    """How busy the workers named `worker_prefix...` were: their jobs' run time (start to
+    stop or settle) over `slots` times the span from the first start to the last end."""
+    spans = []
+    for history in jobs.values():
+        row = history.row
+        started, ended = row["started_at"], row["stopped_at"] or row["settled_at"]
+        if str(row["worker"] or "").startswith(worker_prefix) and started and ended:
+            spans.append((started, max(started, ended)))
+    if not spans or slots <= 0:
+        return None
+    span = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
+    busy = sum((end - start).total_seconds() for start, end in spans)
+    return round(100 * busy / (slots * span), 1) if span > 0 else None

@@ -16,7 +16,7 @@ from tests.support.soak.faults import Fault, Injector
 from tests.support.soak.ledger import Ledger
 from tests.support.soak.load import Load, Sizes
 from tests.support.soak.retention import RETENTION_SECONDS, ROW_BOUND_SECONDS
-from tests.support.soak.rows import RowWatch
+from tests.support.soak.rows import RowWatch, busy_percent
 from tests.support.soak.stack import SoakStack
 
 # How long calls still out when the load stops may take to be answered (every door's
@@ -93,6 +93,10 @@ async def soak(stack: SoakStack, options: Options, faults: list[Fault]) -> Outco
         memory=memory.slopes(samples), rows=rows,
     )  # fmt: skip
     found["memory"]["samples"] = len(samples)
+    heavy_slots = stack.heavy_concurrency * sum(
+        1 for name in stack.topology.workers if name.startswith("heavy@")
+    )
+    found["rows"]["heavy_busy_percent"] = busy_percent(rows.jobs, "heavy@", heavy_slots)
     found["sessions"] = ledger.sessions  # refused resumes' attempts, revocations
     found["harness_errors"] = [f"a lane crashed: {type(e).__name__}: {e}"[:300] for e in crashed]
     if options.keep_ops:

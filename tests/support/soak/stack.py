@@ -32,6 +32,7 @@ class SoakStack:
 
     def __init__(self, run_dir: Path, *, heavy_concurrency: int = 2) -> None:
         self.run_dir = run_dir
+        self.heavy_concurrency = heavy_concurrency
         self.postgres = PostgresServer()
         # The origin of the page that embeds the app (doors/browser.py serves it).
         self.parent_port = free_port()
