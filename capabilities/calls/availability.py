@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import redis
+
 from capabilities import redis_pool
 from capabilities.conf import abp_settings
 from capabilities.jobs import notes, queue, workers
@@ -34,6 +36,11 @@ class Snapshot:
     def of(cls, live: list[workers.LiveWorker]) -> Snapshot:
         """From the workers as read."""
         return cls(frozenset(name for name, n in workers.capacity(live).items() if n > 0))
+
+    @classmethod
+    def everything(cls) -> Snapshot:
+        """Every capability's queue: what nobody can say is unavailable."""
+        return cls(frozenset(queue.queue_for(spec.name) for spec in registry.all_specs()))
 
     def states(self) -> dict[str, bool]:
         """Every capability, and whether a live worker can run it."""
@@ -56,6 +63,18 @@ def cached() -> Snapshot | None:
 def current() -> Snapshot:
     """As read at most AVAILABILITY_POLL_SECONDS ago (reads Redis if older)."""
     return Snapshot.of(workers.recent())
+
+
+def for_listing() -> Snapshot:
+    """As `current`; while Redis cannot be read, the last reading, or everything.
+
+    A listing (the manifest, MCP's tools/list) is advice: the call checks again. Failing
+    it would fail every replica's listings at once for as long as Redis restarts.
+    """
+    try:
+        return current()
+    except redis.RedisError:
+        return cached() or Snapshot.everything()
 
 
 def unavailable(capability: str) -> WireError | None:

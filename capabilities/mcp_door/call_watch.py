@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.db import DatabaseError
@@ -134,13 +135,21 @@ class CallWatch:
                     return found
 
 
+class CannotWatch(Exception):
+    """The channel layer is out of reach (Redis restarting): no call can be watched."""
+
+
 @contextlib.asynccontextmanager
 async def watching(session_id: str) -> AsyncIterator[CallWatch]:
-    """A CallWatch in the session's group, for as long as the block runs."""
+    """A CallWatch in the session's group, for as long as the block runs; CannotWatch
+    before the block if the layer cannot be reached."""
     layer: Any = get_channel_layer()
-    channel: str = await layer.new_channel("abp.call.")
     group = session_group(session_id)
-    await layer.group_add(group, channel)
+    try:
+        channel: str = await layer.new_channel("abp.call.")
+        await layer.group_add(group, channel)
+    except (redis.RedisError, OSError) as error:
+        raise CannotWatch from error
     watch = CallWatch(session_id, channel)
     try:
         yield watch

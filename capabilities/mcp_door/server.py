@@ -26,7 +26,7 @@ async def list_tools(
     ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
 ) -> types.ListToolsResult:
     """Every capability as a tool; `_meta["abp/available"]` false where no worker runs it."""
-    snapshot = await database_sync_to_async(availability.current)()
+    snapshot = await database_sync_to_async(availability.for_listing)()
     return types.ListToolsResult(tools=tools.tool_list(snapshot.states()))
 
 

@@ -83,7 +83,6 @@ async def _run(
 ) -> types.CallToolResult:
     token = progress_token_of(ctx)
     request = call_request(ctx, params, session_id, call_id=str(uuid.uuid4()), progress=token)
-    reported = _Reported(ctx)
 
     def cancel_source() -> CancelSource:
         # Whatever else ends a call's request is the client letting go of it: a
@@ -91,6 +90,23 @@ async def _run(
         # to cancel). Only a DELETE of its session makes it a disconnect.
         return CancelSource.DISCONNECT if sessions.is_ending(session_id) else CancelSource.AGENT
 
+    try:
+        return await _watched(ctx, request, principal, check, cancel_source)
+    except call_watch.CannotWatch:
+        # Nothing is stored yet: refused as a call whose row cannot be written is.
+        return tools.refusal_result(start.NOT_QUEUED)
+
+
+async def _watched(
+    ctx: ServerRequestContext[Any, Any],
+    request: start.CallRequest,
+    principal: Principal,
+    check: Callable[[], None] | None,
+    cancel_source: Callable[[], CancelSource],
+) -> types.CallToolResult:
+    token = request.progress_token
+    reported = _Reported(ctx)
+    session_id = request.session_id
     async with call_watch.watching(session_id) as watch:
         try:
             job = await answers.start_for_caller(

@@ -51,7 +51,7 @@ def page_token_context(request: HttpRequest) -> dict[str, Any]:
 
 def manifest_data() -> dict[str, object]:
     """The manifest: the app and every capability with its schemas and availability."""
-    available = availability.current().states()
+    available = availability.for_listing().states()
     return {
         "abp": PROTOCOL_VERSION,
         "app": app_info(),
