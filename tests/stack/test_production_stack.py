@@ -162,7 +162,8 @@ def test_compose_runs_web_and_workers_on_several_nodes_behind_a_proxy() -> None:
     assert trusted == address
     config = (ROOT / "deploy" / "haproxy.cfg").read_text()
     for line in (
-        "http-check send meth GET uri /readyz?exclude=workers ver HTTP/1.1 hdr Host 127.0.0.1",
+        "http-check send meth GET uri /readyz?exclude=workers,database,redis ver HTTP/1.1"
+        " hdr Host 127.0.0.1",
         "balance leastconn",
         "stick store-response res.hdr(Mcp-Session-Id)",
         "stick match req.hdr(Mcp-Session-Id)",
