@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import postgres_server
 from tests.support.paths import ROOT
+from tests.support.soak.doors.rpc import RpcCall, to_send_again
 from tests.support.soak.faults import Kind, schedule
 from tests.support.soak.invariants import check
 from tests.support.soak.ledger import Answer, Ledger, Op
@@ -226,3 +227,22 @@ def test_the_heavy_workers_busy_share_counts_their_jobs_runs_over_their_slots() 
     }
     assert busy_percent(jobs, "heavy@", slots=2) == 75.0
     assert busy_percent({}, "heavy@", slots=2) is None
+
+
+def test_the_json_rpc_driver_sends_again_only_what_died_with_an_earlier_socket() -> None:
+    def call(tag: str, socket: int, *, sending: bool = False, answered: bool = False) -> RpcCall:
+        op = Op("rpc", tag, "test.sleep", None, None, 0.0)
+        if answered:
+            op.answers.append(Answer(1.0, "succeeded", {}, True))
+        return RpcCall(op, {}, [1], socket, sending)
+
+    calls = [
+        call("lost", 13),
+        call("held", 13),
+        call("answered", 13, answered=True),
+        call("sent-on-this-socket", 14),  # sent while the resume was under way
+        call("waiting-for-a-socket", 13, sending=True),  # its own send goes out on 14
+        call("never-sent", 0),
+    ]
+    again = to_send_again(calls, held={"held"}, connection=14)
+    assert [c.op.tag for c in again] == ["lost"]

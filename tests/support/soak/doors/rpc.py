@@ -14,6 +14,7 @@ import itertools
 import json
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,25 @@ class RpcCall:
     body: dict[str, Any]
     request_ids: list[int] = field(default_factory=list)
     connection: int = 0
+    sending: bool = False  # a request of it waits for a live socket
+
+
+def to_send_again(calls: Iterable[RpcCall], held: set[str], connection: int) -> list[RpcCall]:
+    """After a resume onto `connection`: the calls whose request died unread.
+
+    Unanswered, not held by the server, and last sent on an earlier socket. A call
+    sent on this one, or still waiting to be sent, is not lost: sending it again too
+    would make two calls of one callId (and a call refused before its row, which the
+    server then does not hold, would be answered twice: the 11:55 soak's `rpc-4629`).
+    """
+    return [
+        call
+        for call in calls
+        if not call.op.answers
+        and call.op.tag not in held
+        and not call.sending
+        and 0 < call.connection < connection
+    ]
 
 
 def outcome_of(message: Message) -> tuple[str, dict[str, Any] | None, Any]:
@@ -189,12 +209,10 @@ class RpcSession:
             self._fail("could not resume")
             return
         self.ledger.count(DOOR, "resumes")
-        # Calls awaited that the server does not hold died unread: sent again, marked so.
-        for call in list(self.calls.values()):
-            if not call.op.answers and call.op.tag not in self.held:
-                self.ledger.note(call.op, "sent again after a resume")
-                call.body["_meta"] = {"abp/resent": True}
-                await self._send_call(call)
+        for call in to_send_again(list(self.calls.values()), self.held, self.connection):
+            self.ledger.note(call.op, "sent again after a resume")
+            call.body["_meta"] = {"abp/resent": True}
+            await self._send_call(call)
 
     def _fail(self, why: str) -> None:
         self.failure = why
@@ -224,7 +242,11 @@ class RpcSession:
         call.request_ids.append(request_id)
         self.by_request[request_id] = call
         message = {"jsonrpc": "2.0", "id": request_id, "method": "_abp/call", "params": call.body}
-        call.connection = await self._send(message)
+        call.sending = True
+        try:
+            call.connection = await self._send(message)
+        finally:
+            call.sending = False
 
     async def make_call(self, planned: plan.Planned, rng: random.Random) -> None:
         """Send one call (and schedule its cancel, by callId or by request id)."""
