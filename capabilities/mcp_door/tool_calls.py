@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from django.db import DatabaseError
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
@@ -66,12 +67,26 @@ async def _call(
             session_id, own, check = await sessions.session_for_call(ctx, principal)
         except budgets.OverBudget as over:
             return tools.refusal_result(over.error)
+        except DatabaseError:
+            # PostgreSQL away: the call's session row could not be written, and nothing
+            # was started (a bare "Internal server error" otherwise).
+            logger.warning("MCP call refused: its session row could not be written now")
+            return tools.refusal_result(start.NOT_QUEUED)
         own_session = session_id if own else None
         return await _run(ctx, params, principal, session_id, check)
     finally:
         if own_session is not None:
             with anyio.CancelScope(shield=True):
-                await sessions.end_session(own_session)
+                await _end_own_session(own_session)
+
+
+async def _end_own_session(session_id: str) -> None:
+    try:
+        await sessions.end_session(session_id)
+    except DatabaseError:
+        # PostgreSQL away: the row, held by nobody now, is the reaper's to end; the
+        # call's answer stands.
+        logger.warning("MCP call's session %s not ended yet: left to the reaper", session_id)
 
 
 async def _run(
