@@ -18,15 +18,17 @@ if the request is cancelled meanwhile, and then closed: a cancel leaves none ope
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from channels.db import database_sync_to_async
+from django.db import DatabaseError
 from django.utils import timezone
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
@@ -40,6 +42,7 @@ from capabilities.calls import (
     held_sessions,
     resumption,
     session_records,
+    start,
 )
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import sdk_seams
@@ -90,9 +93,10 @@ async def session_for(
     """
     connection = sdk_seams.connection_of(ctx)
     session_id = session_id_of(ctx)
-    if session_id is None or connection is None:
-        return await _per_call_session(_Opener.of(ctx), principal), True
-    await _stateful_session(session_id, connection, _Opener.of(ctx), principal)
+    with _refused_while_unwritable():
+        if session_id is None or connection is None:
+            return await _per_call_session(_Opener.of(ctx), principal), True
+        await _stateful_session(session_id, connection, _Opener.of(ctx), principal)
     return session_id, False
 
 
@@ -108,12 +112,24 @@ async def session_for_call(
     connection = sdk_seams.connection_of(ctx)
     session_id = session_id_of(ctx)
     if session_id is None or connection is None:
-        return await _per_call_session(_Opener.of(ctx), principal), True, None
+        with _refused_while_unwritable():
+            return await _per_call_session(_Opener.of(ctx), principal), True, None
     _hold(session_id, connection)
     # What opened it is read only if its row must be written again (rarely).
     opener = functools.partial(_Opener.of, ctx)
     check = functools.partial(_ensure_open, session_id, opener, principal)
     return session_id, False, check
+
+
+@contextlib.contextmanager
+def _refused_while_unwritable() -> Iterator[None]:
+    """A call whose session row cannot be written (PostgreSQL away) is refused, retryable:
+    nothing was started (a bare "Internal server error" otherwise)."""
+    try:
+        yield
+    except DatabaseError:
+        logger.warning("MCP call refused: its session row could not be written now")
+        raise start.CallRefused(start.NOT_QUEUED) from None
 
 
 def admit_at_initialize(
@@ -175,7 +191,12 @@ async def end_session(session_id: str) -> None:
     _open.discard(session_id)
     _ending.discard(session_id)
     held_sessions.release(_holder(session_id))
-    await database_sync_to_async(_end)(session_id)
+    try:
+        await database_sync_to_async(_end)(session_id)
+    except DatabaseError:
+        # PostgreSQL away: the row, held by nobody now, is the reaper's to end; what
+        # the session answered stands.
+        logger.warning("MCP session %s not ended yet: left to the reaper", session_id)
 
 
 async def let_go(session_id: str, reason: str) -> None:

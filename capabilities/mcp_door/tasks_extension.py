@@ -98,8 +98,8 @@ async def start_task(
     principal = tool_calls.principal_of(ctx)
     try:
         session_id, own_row = await sessions.session_for(ctx, principal)
-    except budgets.OverBudget as over:
-        return tools.refusal_result(over.error)
+    except (budgets.OverBudget, start.CallRefused) as refused:
+        return tools.refusal_result(refused.error)
     call_id = task_rows.new_call_id(task_rows.retention_ms())
     request = tool_calls.call_request(ctx, params, session_id, call_id=call_id, progress=None)
     job: Job | None = None

@@ -20,7 +20,6 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from django.db import DatabaseError
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
@@ -65,28 +64,14 @@ async def _call(
     try:
         try:
             session_id, own, check = await sessions.session_for_call(ctx, principal)
-        except budgets.OverBudget as over:
-            return tools.refusal_result(over.error)
-        except DatabaseError:
-            # PostgreSQL away: the call's session row could not be written, and nothing
-            # was started (a bare "Internal server error" otherwise).
-            logger.warning("MCP call refused: its session row could not be written now")
-            return tools.refusal_result(start.NOT_QUEUED)
+        except (budgets.OverBudget, start.CallRefused) as refused:
+            return tools.refusal_result(refused.error)
         own_session = session_id if own else None
         return await _run(ctx, params, principal, session_id, check)
     finally:
         if own_session is not None:
             with anyio.CancelScope(shield=True):
-                await _end_own_session(own_session)
-
-
-async def _end_own_session(session_id: str) -> None:
-    try:
-        await sessions.end_session(session_id)
-    except DatabaseError:
-        # PostgreSQL away: the row, held by nobody now, is the reaper's to end; the
-        # call's answer stands.
-        logger.warning("MCP call's session %s not ended yet: left to the reaper", session_id)
+                await sessions.end_session(own_session)
 
 
 async def _run(
@@ -98,6 +83,7 @@ async def _run(
 ) -> types.CallToolResult:
     token = progress_token_of(ctx)
     request = call_request(ctx, params, session_id, call_id=str(uuid.uuid4()), progress=token)
+    reported = _Reported(ctx)
 
     def cancel_source() -> CancelSource:
         # Whatever else ends a call's request is the client letting go of it: a
@@ -106,41 +92,30 @@ async def _run(
         return CancelSource.DISCONNECT if sessions.is_ending(session_id) else CancelSource.AGENT
 
     try:
-        return await _watched(ctx, request, principal, check, cancel_source)
+        async with call_watch.watching(session_id) as watch:
+            try:
+                job = await answers.start_for_caller(
+                    principal,
+                    dataclasses.replace(request, deliver=watch.deliver_here, check=check),
+                    cancel_reason=CANCEL_REASON,
+                    cancel_source=cancel_source,
+                )
+            except start.CallRefused as refused:
+                return tools.refusal_result(refused.error)
+            try:
+                with anyio.fail_after(answers.seconds_left(job)):
+                    response = await _outcome(
+                        watch, job, ctx, reported if token is not None else None
+                    )
+            except TimeoutError:
+                ended = await answers.end_for_caller(job, CancelSource.TIMEOUT, "deadline passed")
+                response = ended or await _outcome(watch, job, ctx)
+            except anyio.get_cancelled_exc_class():
+                await answers.end_for_caller(job, cancel_source(), CANCEL_REASON)
+                raise
     except call_watch.CannotWatch:
-        # Nothing is stored yet: refused as a call whose row cannot be written is.
+        # Redis restarting, nothing stored yet: refused as a call whose row cannot be.
         return tools.refusal_result(start.NOT_QUEUED)
-
-
-async def _watched(
-    ctx: ServerRequestContext[Any, Any],
-    request: start.CallRequest,
-    principal: Principal,
-    check: Callable[[], None] | None,
-    cancel_source: Callable[[], CancelSource],
-) -> types.CallToolResult:
-    token = request.progress_token
-    reported = _Reported(ctx)
-    session_id = request.session_id
-    async with call_watch.watching(session_id) as watch:
-        try:
-            job = await answers.start_for_caller(
-                principal,
-                dataclasses.replace(request, deliver=watch.deliver_here, check=check),
-                cancel_reason=CANCEL_REASON,
-                cancel_source=cancel_source,
-            )
-        except start.CallRefused as refused:
-            return tools.refusal_result(refused.error)
-        try:
-            with anyio.fail_after(answers.seconds_left(job)):
-                response = await _outcome(watch, job, ctx, reported if token is not None else None)
-        except TimeoutError:
-            ended = await answers.end_for_caller(job, CancelSource.TIMEOUT, "deadline passed")
-            response = ended or await _outcome(watch, job, ctx)
-        except anyio.get_cancelled_exc_class():
-            await answers.end_for_caller(job, cancel_source(), CANCEL_REASON)
-            raise
     return tools.tool_result(response)
 
 
