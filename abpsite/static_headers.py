@@ -11,5 +11,5 @@ def add_headers(headers: Any, path: str, url: str) -> None:
     (WhiteNoise already lets any origin read them: a parent page on another site
     imports client.js as a module, fetched with CORS.)
     """
-    if url.startswith("/static/abp/"):
+    if url.startswith(("/static/abp/", "/static/abpsite/")):
         headers["Cache-Control"] = "no-cache"

@@ -1,9 +1,14 @@
-"""Root URLs: the admin, and the app's routes (capabilities/urls.py)."""
+"""Root URLs: the admin, the demo's own pages, and the app's routes (capabilities/urls.py)."""
 
 from django.contrib import admin
 from django.urls import include, path
 
+from abpsite import views
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Before the app's routes: a host's own pages come first.
+    path("", views.index, name="index"),
+    path("abp/demo/", views.demo, name="abp-demo"),
     path("", include("capabilities.urls")),
 ]

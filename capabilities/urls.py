@@ -1,7 +1,7 @@
 """The app's HTTP routes: one line in a host's urls.py, `path("", include("capabilities.urls"))`.
 
-At the root, because agents look for `/abp.json` there; `/` is the app's page (with
-`window.abp`) unless a route of the host's comes first. `/mcp` and `/abp/uploads`
+At the root, because agents look for `/abp.json` there. `/` and the other pages are the
+host's: `{% load abp %}{% abp_runtime %}` gives them `window.abp`. `/mcp` and `/abp/uploads`
 are served in front of Django, and the WebSockets beside it (capabilities/asgi.py).
 The admin is the host's: its `admin.site.urls` shows the app's jobs, sessions and keys.
 """
@@ -11,10 +11,8 @@ from django.urls import path
 from capabilities.web import downloads, health, metrics, views
 
 urlpatterns = [
-    path("", views.index, name="index"),
     path("abp.json", views.manifest, name="abp-manifest"),
     path("abp/embed/", views.embed, name="abp-embed"),
-    path("abp/demo/", views.demo, name="abp-demo"),
     path("abp/page-token/", views.page_token, name="abp-page-token"),
     path("abp/files/<str:token>/<str:filename>", downloads.download, name="abp-download"),
     # Operators': liveness, readiness, Prometheus (docs/operating.md#health-and-metrics).

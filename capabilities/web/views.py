@@ -1,5 +1,8 @@
-"""HTTP views: the app page, the ABP manifest, the embed bridge, the demo, and the
-browser modules (`capabilities/static/abp/`, served by WhiteNoise) that those pages load."""
+"""HTTP views: the ABP manifest, page tokens and the embed bridge.
+
+A host's own pages get `window.abp` from `{% load abp %}{% abp_runtime %}`
+(capabilities/templatetags/abp.py), which uses the helpers here.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ from capabilities.calls.app_info import app_info
 from capabilities.calls.manifest import capability_entries
 from capabilities.conf import abp_settings
 from capabilities.protocol import PROTOCOL_VERSION
-from capabilities.work import registry
 
 # Where agents open their WebSocket (capabilities/transport/routing.py); the pages pass it to
 # the browser modules.
@@ -69,27 +71,6 @@ def manifest(request: HttpRequest) -> JsonResponse:
     return response
 
 
-def _page_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
-    return {
-        "app": app_info(),
-        "websocket_path": WEBSOCKET_PATH,
-        "page_token": page_token_context(request),
-        **extra,
-    }
-
-
-@require_GET
-def index(request: HttpRequest) -> HttpResponse:
-    """The app page: the manifest link and the `window.abp` runtime in its head."""
-    return render(request, "abp/index.html", _page_context(request, specs=registry.all_specs()))
-
-
-@require_GET
-def demo(request: HttpRequest) -> HttpResponse:
-    """A page for people: it embeds the bridge and runs jobs through it with client.js."""
-    return render(request, "abp/demo.html", _page_context(request))
-
-
 @require_GET
 @never_cache
 def page_token(request: HttpRequest) -> JsonResponse:
@@ -119,7 +100,7 @@ def embed(request: HttpRequest) -> HttpResponse:
         "app": app_info(),
         **page_token_context(request),
     }
-    response = render(request, "abp/embed.html", _page_context(request, config=config))
+    response = render(request, "abp/embed.html", {"app": config["app"], "config": config})
     # The site-wide policy (settings.CONTENT_SECURITY_POLICY), framed by the allowed
     # origins instead of nobody, and posting no forms: what django-csp's csp_replace
     # decorator sets, computed per request.

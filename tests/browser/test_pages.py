@@ -73,12 +73,12 @@ def test_demo_page_embeds_the_bridge_and_has_the_runtime(stack: Stack) -> None:
     assert status == 200
     assert b'<iframe id="bridge"' in body
     assert b'src="/abp/embed/"' in body
-    assert body.index(b"/static/abp/runtime.js") < body.index(b"/static/abp/demo.js")
+    assert body.index(b"/static/abp/runtime.js") < body.index(b"/static/abpsite/demo.js")
     assert b'href="/abp/demo/"' in fetch(f"{stack.http_url}/")[2]
 
 
 @pytest.mark.parametrize(
-    "name", ["runtime.js", "client.js", "page_token.js", "wire.js", "bridge.js", "demo.js"]
+    "name", ["runtime.js", "client.js", "page_token.js", "wire.js", "bridge.js", "uploads.js"]
 )
 def test_browser_modules_are_served_as_javascript_to_any_origin(stack: Stack, name: str) -> None:
     url = f"{stack.http_url}/static/abp/{name}"
@@ -106,9 +106,18 @@ def test_nothing_else_is_served_from_there(stack: Stack, path: str) -> None:
     assert fetch(f"{stack.http_url}/{path}")[0] == 404
 
 
-def test_stylesheet(stack: Stack) -> None:
-    _, headers, _ = fetch(f"{stack.http_url}/static/abp/abp.css")
+def test_the_demos_own_files_are_served_beside_the_apps(stack: Stack) -> None:
+    status, headers, body = fetch(f"{stack.http_url}/static/abpsite/demo.js")
+    assert status == 200
+    assert headers["Content-Type"].split(";")[0] == "text/javascript"
+    assert body.startswith(b"// @ts-check")
+    # It imports the app's modules from their own folder.
+    assert b'from "../abp/client.js"' in body
+    _, headers, _ = fetch(f"{stack.http_url}/static/abpsite/site.css")
     assert headers["Content-Type"].split(";")[0] == "text/css"
+    # Nothing of the demo's is left under the app's folder.
+    for name in ("demo.js", "abp.css"):
+        assert fetch(f"{stack.http_url}/static/abp/{name}")[0] == 404
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@
  * URL, an image as <img>), never downloaded.
  */
 
-import { connect, newId } from "./client.js";
+import { connect, newId } from "../abp/client.js";
 
-/** @typedef {import("./wire.js").ABPResponse} ABPResponse */
-/** @typedef {import("./wire.js").ProgressInfo} ProgressInfo */
+/** @typedef {import("../abp/wire.js").ABPResponse} ABPResponse */
+/** @typedef {import("../abp/wire.js").ProgressInfo} ProgressInfo */
 
 const LOG_LIMIT = 200;
 const SUMMARY_LIMIT = 220;
@@ -154,7 +154,7 @@ class JobView {
 
 /**
  * Run one job: a call with its own AbortController, progress and result in its view.
- * @param {import("./client.js").ABPClient} client
+ * @param {import("../abp/client.js").ABPClient} client
  * @param {string} title @param {string} capability @param {Record<string, any>} params
  * @param {number | null} [expectedPages]
  */

@@ -1,0 +1,24 @@
+"""The demo project's own pages: `/` and the demo. They get `window.abp` from abp/base.html."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from capabilities.calls.app_info import app_info
+from capabilities.web.views import WEBSOCKET_PATH
+from capabilities.work import registry
+
+
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    """The home page: what the app offers, to agents and to people."""
+    context = {"app": app_info(), "websocket_path": WEBSOCKET_PATH, "specs": registry.all_specs()}
+    return render(request, "abpsite/home.html", context)
+
+
+@require_GET
+def demo(request: HttpRequest) -> HttpResponse:
+    """A page for people: it embeds the bridge and runs jobs through it with client.js."""
+    return render(request, "abpsite/demo.html", {"app": app_info()})

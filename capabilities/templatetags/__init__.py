@@ -1,0 +1,1 @@
+"""Template tags for a host's pages: `{% load abp %}`."""

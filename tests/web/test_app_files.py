@@ -1,0 +1,26 @@
+"""What the app's package ships to every host: its bridge, browser modules and base, no demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import capabilities
+
+PACKAGE = Path(capabilities.__file__).parent
+
+
+def test_the_app_ships_no_demo_page() -> None:
+    templates = {path.name for path in (PACKAGE / "templates" / "abp").iterdir()}
+    assert templates == {"base.html", "embed.html", "runtime.html"}
+
+
+def test_the_app_ships_only_the_browser_modules() -> None:
+    assets = {path.name for path in (PACKAGE / "static" / "abp").iterdir()}
+    assert assets - {".gitkeep"} == {
+        "bridge.js",
+        "client.js",
+        "page_token.js",
+        "runtime.js",
+        "uploads.js",
+        "wire.js",
+    }
