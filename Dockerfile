@@ -1,6 +1,6 @@
 # Production image: every service of docker-compose.yml runs it, each as
 # `scripts/serve ROLE` (web, worker, small, beat, migrate).
-FROM python:3.11-slim-bookworm
+FROM python:3.13-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -17,9 +17,12 @@ RUN useradd --create-home --uid 10001 --user-group app
 
 WORKDIR /app
 COPY . .
-# pip installs the app and its dependencies; abpsite, the demo project, is not in the
-# wheel, so the code runs from /app: PYTHONPATH puts /app ahead of the installed copy.
-RUN pip install '.[postgres,tracing]' \
+# The image's lock (requirements/image.txt: the app with every extra, and the demo's own
+# needs), exactly and with its hashes; then the app itself. abpsite, the demo project
+# (with its pages in templates/ and static/), is not in the wheel, so the code runs
+# from /app: PYTHONPATH puts /app ahead of the installed copy.
+RUN pip install --require-hashes -r requirements/image.txt \
+    && pip install --no-deps . \
     && mkdir -p /app/var/media /app/var/static \
     && chown -R app:app /app/var
 ENV PYTHONPATH=/app \

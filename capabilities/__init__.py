@@ -13,6 +13,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+# The one place the version is written: pyproject.toml reads it, and so does the
+# manifest's default APP_VERSION.
+__version__ = "0.2.0"
+
 if TYPE_CHECKING:
     from capabilities.work.context import CapabilityError, File, JobAborted, JobContext
     from capabilities.work.declare import capability

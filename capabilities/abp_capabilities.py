@@ -3,21 +3,34 @@
 Imported at app start, before other apps' `abp_capabilities` modules, so the built-ins
 come first. Their schemas are in `work/<name>/spec.py`; their libraries (WeasyPrint,
 Pillow, Markdown) are imported inside the functions and by the warm-ups, which the
-worker runs before it forks: the web process never loads them.
+worker runs before it forks: the web process never loads them. Each comes with an
+extra (`abp-jobs[pdf]`, `[images]`, `[markdown]`) and is registered only where that
+extra is installed (`work/extras.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from capabilities.work import extras
 from capabilities.work.context import JobContext
 from capabilities.work.declare import capability
 from capabilities.work.images import spec as images_spec
 from capabilities.work.markdown import spec as markdown_spec
 from capabilities.work.pdf import spec as pdf_spec
 
+BuiltInFunction = Callable[[dict[str, Any], JobContext], dict[str, Any]]
 
-@capability(
+
+def built_in(name: str, **declaration: Any) -> Callable[[BuiltInFunction], BuiltInFunction]:
+    """`@capability(name, ...)` where the built-in's extra is installed; else nothing."""
+    if extras.installed(name):
+        return capability(name, **declaration)
+    return lambda function: function
+
+
+@built_in(
     "export.pdf",
     description=pdf_spec.DESCRIPTION,
     input_schema=pdf_spec.INPUT_SCHEMA,
@@ -34,7 +47,7 @@ def export_pdf(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return runner.run(params, ctx)
 
 
-@capability(
+@built_in(
     "process.image",
     description=images_spec.DESCRIPTION,
     input_schema=images_spec.INPUT_SCHEMA,
@@ -52,7 +65,7 @@ def process_image(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return runner.run(params, ctx)
 
 
-@capability(
+@built_in(
     "convert.markdownToHtml",
     description=markdown_spec.DESCRIPTION,
     input_schema=markdown_spec.INPUT_SCHEMA,

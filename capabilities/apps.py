@@ -5,7 +5,11 @@ import logging
 from django.apps import AppConfig
 from django.core import checks
 
-from capabilities.checks import development_password_in_use, local_lane_time_limit
+from capabilities.checks import (
+    built_ins_switched_off,
+    development_password_in_use,
+    local_lane_time_limit,
+)
 from capabilities.conf import abp_settings
 
 logger = logging.getLogger("capabilities")
@@ -19,14 +23,17 @@ class CapabilitiesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from capabilities import conf
+        from capabilities import conf, log_filters
         from capabilities.work import registry
 
         conf.install()
+        # After Django's LOGGING is applied: it runs before any app is ready.
+        log_filters.install()
         # Every installed app's `abp_capabilities` module (docs/your-capabilities.md).
         registry.autodiscover()
         checks.register(development_password_in_use, checks.Tags.security)
         checks.register(local_lane_time_limit)
+        checks.register(built_ins_switched_off)
         if abp_settings().ALLOW_ANONYMOUS:
             # Production refuses this setting; in development, say it loudly.
             logger.warning(

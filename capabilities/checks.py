@@ -19,6 +19,7 @@ from django.core import checks
 from django.db import DatabaseError, connections, router
 
 from capabilities.conf import abp_settings
+from capabilities.work import extras
 
 # Each password check costs one full hash (~0.3-0.5 s): the development superuser's
 # name, then at most this many other active superusers.
@@ -86,4 +87,17 @@ def local_lane_time_limit(app_configs: Any = None, **_: Any) -> list[checks.Chec
             hint="Lower the lane's time limit, or turn the lane off (ABP_LOCAL_LANE_PROCESSES=0).",
             id="capabilities.E002",
         )
+    ]
+
+
+def built_ins_switched_off(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
+    """An Info per built-in capability that is not served because its extra is missing."""
+    return [
+        checks.Info(
+            f"The built-in capability {built_in.name!r} is off: the {built_in.extra!r} extra "
+            f"is not installed ({', '.join(built_in.missing_modules())} not found).",
+            hint=f"To serve it: {built_in.install_line}",
+            id="capabilities.I001",
+        )
+        for built_in in extras.switched_off()
     ]

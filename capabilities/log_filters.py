@@ -1,4 +1,7 @@
-"""Logging filters named in settings.LOGGING."""
+"""The one Celery warning the app drops, in every host: installed by the app at start.
+
+The host's own LOGGING may still name `celery.worker.control`; its filters then win.
+"""
 
 from __future__ import annotations
 
@@ -19,3 +22,14 @@ class RevokeWithoutResultBackend(logging.Filter):
             message.startswith("Failed to mark task")
             and "No result backend is configured" in message
         )
+
+
+# Celery logs the warning from its remote-control handler, in the worker's main process.
+CONTROL_LOGGER = "celery.worker.control"
+
+
+def install() -> None:
+    """Attach the filter to Celery's control logger, once (AppConfig.ready)."""
+    logger = logging.getLogger(CONTROL_LOGGER)
+    if not any(isinstance(existing, RevokeWithoutResultBackend) for existing in logger.filters):
+        logger.addFilter(RevokeWithoutResultBackend())

@@ -55,8 +55,13 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
         # Revoke instead: a deleted key's sessions would lose who opened them.
         return False
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes where the actions are shown (and warns about an override that
+        # takes no such parameter); 5.2 and 6.0 know no such argument.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location)  # type: ignore[call-arg,unused-ignore]
         if not self.has_change_permission(request):
             actions.pop("revoke_selected", None)
         return actions

@@ -74,7 +74,12 @@ def overview(live: list[workers.LiveWorker] | None) -> Overview:
 
 
 def _worker_rows(live: list[workers.LiveWorker]) -> list[WorkerRow]:
-    ids = {_uuid(job_id) for worker in live for job_id in worker.jobs} - {None}
+    ids = {
+        job_uuid
+        for worker in live
+        for job_id in worker.jobs
+        if (job_uuid := _uuid(job_id)) is not None
+    }
     rows = Job.objects.filter(pk__in=ids).only("id", "call_id", "capability", "status")
     found = {str(job.pk): job for job in rows}
     return [

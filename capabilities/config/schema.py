@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from capabilities import __version__
+
 Count = Annotated[int, Field(ge=1)]
 Amount = Annotated[int, Field(ge=0)]  # zero allowed (off, none, at once)
 Seconds = Annotated[float, Field(gt=0)]
@@ -69,7 +71,7 @@ class AbpSettings(_Frozen):
 
     APP_ID: str = Field(default="abp-jobs", min_length=1)
     APP_NAME: str = "ABP Jobs"
-    APP_VERSION: str = "0.1.0"
+    APP_VERSION: str = __version__
     APP_DESCRIPTION: str = "Cancellable PDF export and image processing for AI agents."
     # The WebSocket frame limit is enforced by Daphne, which reads it from its command
     # line (--websocket-max-message-size: pass the same number). The embed bridge

@@ -93,7 +93,7 @@ class ListenerThread(threading.Thread):
     def _listen(self) -> None:
         listener = self._listener
         client = redis.Redis.from_url(settings.REDIS_URL)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(abort_flags.channel())
             self.subscribed.set()
@@ -122,5 +122,5 @@ async def listen(listener: AbortListener) -> None:
             listener.lost_redis()
             await asyncio.sleep(RECONNECT_SECONDS)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()
             await client.aclose()

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field
 
+from capabilities.jobs.columns import quoted_column
 from capabilities.models import Job
 
 
@@ -28,7 +29,7 @@ def _fields() -> tuple[Field[Any, Any], ...]:
 @functools.cache
 def _statement(vendor: str) -> str:
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in _fields())
+    columns = ", ".join(quoted_column(Job, field.name) for field in _fields())
     placeholders = ", ".join(["%s"] * len(_fields()))
     return f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({placeholders})"
 

@@ -29,6 +29,7 @@ from django.db.models import Field
 
 from capabilities import tracing
 from capabilities.jobs import events
+from capabilities.jobs.columns import quoted_column
 from capabilities.models import AgentSession, Job, JobStatus
 
 
@@ -50,22 +51,22 @@ def _statement(
 ) -> str:
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
-    status = quote(_field("status").column)
-    assignments = [f"{quote(_field(name).column)} = %s" for name in columns]
+    status = quoted_column(Job, "status")
+    assignments = [f"{quoted_column(Job, name)} = %s" for name in columns]
     if stop_if:
-        stopped = quote(_field("stopped_at").column)
+        stopped = quoted_column(Job, "stopped_at")
         assignments.append(f"{stopped} = CASE WHEN {status} = %s THEN %s ELSE {stopped} END")
     placeholders = ", ".join(["%s"] * statuses)
     only = f" AND {status} IN ({placeholders})" if statuses else ""
-    also = f" AND {quote(_field(where_null).column)} IS NULL" if where_null else ""
-    returned = [f"{table}.{quote(_field(name).column)}" for name in fields]
+    also = f" AND {quoted_column(Job, where_null)} IS NULL" if where_null else ""
+    returned = [f"{table}.{quoted_column(Job, name)}" for name in fields]
     if returning:
         returned.append(_event_columns(table))
     if traced:
-        returned.append(f"{table}.{quote(_field('trace_parent').column)}")
+        returned.append(f"{table}.{quoted_column(Job, 'trace_parent')}")
     return (
         f"UPDATE {table} SET {', '.join(assignments)} "
-        f"WHERE {quote(Job._meta.pk.column)} = %s{only}{also}"
+        f"WHERE {quoted_column(Job, 'pk')} = %s{only}{also}"
         + (f" RETURNING {', '.join(returned)}" if returned else "")
     )
 
@@ -78,11 +79,11 @@ def _event_columns(table: str) -> str:
     """
     quote = connection.ops.quote_name
     sessions = quote(AgentSession._meta.db_table)
-    door = quote(AgentSession._meta.get_field("door").column)
-    session_pk = quote(AgentSession._meta.pk.column)
-    session_id = quote(_field("session").column)
-    stopped = quote(_field("stopped_at").column)
-    columns = ", ".join(f"{table}.{quote(_field(name).column)}" for name in events.CONTEXT_COLUMNS)
+    door = quoted_column(AgentSession, "door")
+    session_pk = quoted_column(AgentSession, "pk")
+    session_id = quoted_column(Job, "session")
+    stopped = quoted_column(Job, "stopped_at")
+    columns = ", ".join(f"{table}.{quoted_column(Job, name)}" for name in events.CONTEXT_COLUMNS)
     return (
         f"{columns}, (SELECT {sessions}.{door} FROM {sessions}"
         f" WHERE {sessions}.{session_pk} = {table}.{session_id}), {table}.{stopped}"

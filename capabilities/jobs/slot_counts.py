@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, cast
 
 from django.db import connection
-from django.db.models import Field
 
+from capabilities.jobs.columns import quoted_column
 from capabilities.models import ACTIVE_STATUSES, Job
 
 
@@ -30,7 +29,7 @@ class SlotCounts:
 
 
 def _column(name: str) -> str:
-    return connection.ops.quote_name(cast("Field[Any, Any]", Job._meta.get_field(name)).column)
+    return quoted_column(Job, name)
 
 
 @functools.cache

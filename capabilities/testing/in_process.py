@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from django.apps import apps
+from django.core.exceptions import AppRegistryNotReady
+
 from capabilities.protocol import ErrorCode
-from capabilities.work import registry
+from capabilities.work import extras, registry
 from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import CapabilityError, File, JobAborted
 from capabilities.work.context_base import ContextBase
@@ -89,17 +92,31 @@ class CapabilityRun:
     files: dict[str, bytes] = field(default_factory=dict)
 
 
+def _unknown(name: str) -> str:
+    built_in = extras.BUILT_INS.get(name)
+    if built_in is not None:
+        return f"Unknown capability {name!r}: its extra is not installed ({built_in.install_line})."
+    return f"Unknown capability {name!r}."
+
+
 def run_capability(
     name: str, params: dict[str, Any], *, cancel_at_checkpoint: int | None = None
 ) -> CapabilityRun:
     """Validate `params` as a call's are, run capability `name` here, and record it.
 
     A refused param raises `CapabilityError` with the code an agent would get; so does
-    the capability's own refusal. Any other exception is raised as it is.
+    the capability's own refusal. Any other exception is raised as it is. Capabilities
+    are registered when Django starts: before that, `AppRegistryNotReady` says so.
     """
+    if not apps.ready:
+        raise AppRegistryNotReady(
+            f"run_capability({name!r}) needs Django set up: capabilities are registered "
+            "when the app registry is ready. Run it under pytest-django (pip install "
+            "pytest-django, DJANGO_SETTINGS_MODULE set), or call django.setup() first."
+        )
     spec = registry.get(name)
     if spec is None:
-        raise CapabilityError(ErrorCode.UNKNOWN_CAPABILITY, f"Unknown capability {name!r}.")
+        raise CapabilityError(ErrorCode.UNKNOWN_CAPABILITY, _unknown(name))
     refused = spec.validate(params)
     if refused is not None:
         raise CapabilityError(

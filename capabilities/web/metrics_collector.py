@@ -24,16 +24,17 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from django.db import connection
-from django.db.models import Field, Model
+from django.db.models import Model
 from django.utils import timezone
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from capabilities.conf import metrics_settings
 from capabilities.jobs import queue as job_queues
+from capabilities.jobs.columns import quoted_column
 from capabilities.jobs.workers import LiveWorker, capacity
 from capabilities.models import AgentSession, Door, Job, JobStatus
 from capabilities.web import cluster_state
@@ -54,9 +55,7 @@ class UnsupportedDatabase(Exception):
 
 
 def _column(model: type[Model], name: str) -> str:
-    quote = connection.ops.quote_name
-    field = cast("Field[Any, Any]", model._meta.get_field(name))
-    return f"{quote(model._meta.db_table)}.{quote(field.column)}"
+    return f"{connection.ops.quote_name(model._meta.db_table)}.{quoted_column(model, name)}"
 
 
 def _seconds(vendor: str, later: str, earlier: str) -> str:

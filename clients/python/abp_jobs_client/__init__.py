@@ -1,5 +1,6 @@
 """A small Python client for abp-jobs over ABP (docs/python-client.md)."""
 
+from abp_jobs_client._version import __version__
 from abp_jobs_client.client import AsyncClient, CallHandle, RetryPolicy
 from abp_jobs_client.errors import (
     ABPError,
@@ -31,4 +32,5 @@ __all__ = [
     "SyncCallHandle",
     "Unavailable",
     "WorkerLost",
+    "__version__",
 ]

@@ -17,6 +17,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from abp_jobs_client import messages, transfers
+from abp_jobs_client._version import __version__
 from abp_jobs_client.errors import ABPError, Disconnected, InvalidParams
 from abp_jobs_client.messages import Blob, Progress, Result
 
@@ -121,7 +122,7 @@ class AsyncClient:
         *,
         key: str | None = None,
         agent_name: str = "abp-jobs-client",
-        agent_version: str = "0.1.0",
+        agent_version: str = __version__,
         resume_grace_seconds: float = 60.0,
         retry: RetryPolicy | None = None,
         max_frame_bytes: int = 16 * 1024 * 1024,
