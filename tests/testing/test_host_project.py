@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import abp_jobs_client
 import anyio
 import django
 import pytest
@@ -48,6 +49,7 @@ from abp_jobs_client import CallCancelled, Progress
 from packaging.version import Version
 from playwright.sync_api import sync_playwright
 
+import capabilities
 from capabilities.testing.live import LiveStack
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 from tests.support.mcp_clients import official_client
@@ -178,7 +180,13 @@ def build_distributions(into: Path) -> Path:
     build(source, dist)
     build(into / "client", dist)
     names = sorted(path.name for path in dist.iterdir())
-    assert [name.split("-")[0] for name in names] == ["abp_jobs"] * 2 + ["abp_jobs_client"] * 2
+    app, client = capabilities.__version__, abp_jobs_client.__version__
+    assert names == [
+        f"abp_jobs-{app}-py3-none-any.whl",
+        f"abp_jobs-{app}.tar.gz",
+        f"abp_jobs_client-{client}-py3-none-any.whl",
+        f"abp_jobs_client-{client}.tar.gz",
+    ]
     return dist
 
 
