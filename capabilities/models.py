@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -69,6 +70,21 @@ class AgentKey(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200, help_text="Who holds it, for the admin.")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="abp_agent_keys",
+        help_text="The user the key's calls run for (ctx.user), with that user's "
+        "permissions; empty: a service key, which runs for nobody.",
+    )
+    scopes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The capabilities this key may call (a list of names); empty: every "
+        "capability its user may call. Scopes narrow a user's rights, never widen them.",
+    )
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -177,6 +193,15 @@ class Job(models.Model):
     spilled = models.JSONField(default=dict, blank=True)
     # Copied from the session: calls in flight per principal are counted on it.
     principal = models.CharField(max_length=120, blank=True)
+    # The user the call runs for (ctx.user): its agent key's owner, or the signed-in
+    # user of the page; null for a service key or an anonymous page.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="abp_jobs",
+    )
     # The Celery queue the job runs from, and the principal's share of the workers
     # (jobs running at once) when it was created: the dispatcher reads both.
     queue = models.CharField(max_length=100, blank=True)

@@ -9,4 +9,4 @@ the product's manifest: only processes started with DJANGO_SETTINGS_MODULE=tests
 from abpsite.settings import *  # noqa: F403
 from abpsite.settings import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.reports"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.reports", "tests.notes"]

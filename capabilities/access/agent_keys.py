@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from django.utils import timezone
 
@@ -53,10 +55,18 @@ def create_key(
     max_queued_calls: int | None = None,
     calls_per_minute: int | None = None,
     max_open_sessions: int | None = None,
+    owner: Any = None,
+    scopes: Sequence[str] = (),
 ) -> tuple[AgentKey, str]:
-    """A new key: the row, and the plaintext key (never stored, shown once)."""
+    """A new key: the row, and the plaintext key (never stored, shown once).
+
+    `owner`: the user its calls run for (None: a service key); `scopes`: the
+    capabilities it may call (empty: all its owner may).
+    """
     key = AgentKey(
         name=name[:200],
+        owner=owner,
+        scopes=list(scopes),
         max_concurrent_calls=max_concurrent_calls,
         max_queued_calls=max_queued_calls,
         calls_per_minute=calls_per_minute,

@@ -1,5 +1,8 @@
 """Who opened a WebSocket: an agent key, a page token, or (development) nobody.
 
+An agent key acts for its owner, a page token for the user the page was served to
+(access/principal.py); a session cookie alone authenticates nothing here.
+
 The credential comes, in this order, from `Authorization: Bearer <credential>`, a
 subprotocol `abp.bearer.<credential>` (browsers cannot set headers; they offer
 `["abp", "abp.bearer.<credential>"]` and we select `abp`), or the query parameter
@@ -103,11 +106,11 @@ def authenticate(scope: Mapping[str, Any]) -> Principal:
         if key.is_revoked:
             raise Refused("key-revoked")
         agent_keys.record_use(key)
-        return Principal(kind="key", key=key, client_address=address)
+        return Principal(kind="key", key=key, client_address=address, user_id=key.owner_id)
     if page_tokens.looks_like_page_token(presented):
         try:
-            page_tokens.verify(presented, origin=origin_of(scope))
+            user_id = page_tokens.verify(presented, origin=origin_of(scope))
         except page_tokens.PageTokenError as error:
             raise Refused(error.reason) from error
-        return Principal(kind="page", key=None, client_address=address)
+        return Principal(kind="page", key=None, client_address=address, user_id=user_id)
     raise Refused("invalid-credentials")

@@ -4,7 +4,9 @@ A page (the `window.abp` page, the demo, the embed bridge) renders one; the
 browser sends it as a WebSocket subprotocol. It is signed with the SECRET_KEY,
 carries the origin the page was served from (the WebSocket's Origin header must
 be that one) and expires after ABP_PAGE_TOKEN_MAX_AGE_SECONDS. It grants what the
-page grants: anyone who can load the page can get one.
+page grants: anyone who can load the page can get one. A page served to a signed-in
+user carries that user's id as well, so its calls run for that user; the session
+cookie itself never opens the WebSocket.
 
 Tokens use `.` between their parts so that they are valid subprotocol names
 (RFC 6455 tokens allow no `:`).
@@ -40,9 +42,11 @@ def max_age() -> int:
     return abp_settings().PAGE_TOKEN_MAX_AGE_SECONDS
 
 
-def issue(origin: str) -> str:
-    """A token for pages served from this origin."""
-    claims = {"o": normalize_origin(origin), "n": secrets.token_hex(4)}
+def issue(origin: str, *, user_id: int | None = None) -> str:
+    """A token for pages served from this origin (to this signed-in user, if any)."""
+    claims: dict[str, object] = {"o": normalize_origin(origin), "n": secrets.token_hex(4)}
+    if user_id is not None:
+        claims["u"] = user_id
     return START + _signer().sign_object(claims)
 
 
@@ -51,8 +55,11 @@ def looks_like_page_token(presented: str) -> bool:
     return presented.startswith(START)
 
 
-def verify(presented: str, *, origin: str) -> None:
-    """Raise PageTokenError unless the token is genuine, fresh and for this origin."""
+def verify(presented: str, *, origin: str) -> int | None:
+    """The user the page was served to (None: nobody signed in).
+
+    PageTokenError unless the token is genuine, fresh and for this origin.
+    """
     try:
         claims = _signer().unsign_object(presented[len(START) :], max_age=max_age())
     except signing.SignatureExpired as error:
@@ -66,3 +73,5 @@ def verify(presented: str, *, origin: str) -> None:
     if not isinstance(claims, dict) or claims.get("o") != origin:
         # Signed for pages of another origin (or used outside a browser).
         raise PageTokenError("invalid-credentials")
+    user_id = claims.get("u")
+    return user_id if isinstance(user_id, int) else None

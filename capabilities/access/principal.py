@@ -11,18 +11,26 @@ from capabilities.models import AgentKey
 
 @dataclass(frozen=True, kw_only=True)
 class Principal:
-    """Who is on the other end, and the limits that apply to them.
+    """Who is on the other end, the user they act for, and the limits that apply.
 
-    Page tokens go to anyone who loads a page, so their budget is the smallest.
+    Page tokens go to anyone who loads a page, so their budget is the smallest. The
+    user (`user_id`) is an agent key's owner, or the signed-in user a page was served
+    to; None for a service key (no owner), an anonymous page, or development mode.
     """
 
     kind: Literal["key", "page", "anonymous"]
     key: AgentKey | None
     client_address: str
+    user_id: int | None = None
 
     @property
     def rate_limit_id(self) -> str:
-        """Whose budgets this connection spends: calls per minute, calls in flight, sessions."""
+        """Whose budgets this connection spends: calls per minute, calls in flight, sessions.
+
+        A user's keys share one budget: a hundred keys buy no more than one.
+        """
+        if self.key is not None and self.user_id is not None:
+            return f"user:{self.user_id}"
         if self.key is not None:
             return f"key:{self.key.prefix}"
         # Page tokens are free to anyone who loads a page: budget per address.
@@ -85,6 +93,14 @@ class Principal:
         return capability_max_ms
 
     def may_call(self, capability: str) -> bool:
-        """Whether this principal may call the capability at all."""
+        """Whether this principal may call the capability at all (no I/O).
+
+        A key with scopes, only those; an anonymous page, only the page-token list.
+        Django permissions are checked later, with the user (access/permissions.py).
+        """
+        if self.key is not None and self.key.scopes:
+            return capability in self.key.scopes
+        if self.kind != "page" or self.user_id is not None:
+            return True
         allowed = abp_settings().PAGE_TOKEN_CAPABILITIES
-        return self.kind != "page" or not allowed or capability in allowed
+        return not allowed or capability in allowed

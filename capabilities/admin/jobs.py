@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.core.files.storage import default_storage
 from django.db.models import Count, Q, QuerySet
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
@@ -65,7 +66,19 @@ class ReadOnlyAdmin(admin.ModelAdmin[Any]):
 
 # The change page's sections, every field read-only.
 _SECTIONS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
-    (None, ("call_id", "capability", "door", "session_link", "status_badge", "queue", "worker")),
+    (
+        None,
+        (
+            "call_id",
+            "capability",
+            "user",
+            "door",
+            "session_link",
+            "status_badge",
+            "queue",
+            "worker",
+        ),
+    ),
     ("Progress", ("progress_bar", "stage")),
     ("Timeline", ("timeline", "ran_after_cancel", "hard_killed")),
     ("Input", ("params_summary", "progress_token", "deadline")),
@@ -81,6 +94,7 @@ class JobAdmin(ReadOnlyAdmin):
     list_display = (
         "call_id",
         "capability",
+        "user",
         "door",
         "session_link",
         "status_badge",
@@ -94,8 +108,10 @@ class JobAdmin(ReadOnlyAdmin):
     list_filter = ("status", CapabilityFilter, "session__door", "cancel_source", "created_at")
     # callId, session id or the start of the agent's name: see get_search_results.
     search_fields = ("call_id",)
-    search_help_text = "A callId, a session id, or the start of an agent's name."
-    list_select_related = ("session",)
+    search_help_text = (
+        "A callId, a session id, the start of an agent's name, or a user's exact username."
+    )
+    list_select_related = ("session", "user")
     ordering = ("-created_at",)
     list_per_page = 50
     show_full_result_count = False  # no second COUNT(*) over the whole table
@@ -124,7 +140,9 @@ class JobAdmin(ReadOnlyAdmin):
         sessions = AgentSession.objects.filter(agent_name__startswith=term)
         if _is_uuid(term):
             sessions = sessions | AgentSession.objects.filter(pk=term)
-        return queryset.filter(Q(call_id=term) | Q(session__in=sessions.values("pk"))), False
+        users = get_user_model()._default_manager.filter(**{get_user_model().USERNAME_FIELD: term})
+        found = Q(call_id=term) | Q(session__in=sessions.values("pk")) | Q(user__in=users)
+        return queryset.filter(found), False
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -22,6 +22,7 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
 
     list_display = (
         "name",
+        "owner",
         "shown_prefix",
         "key_state",
         "created_at",
@@ -33,9 +34,12 @@ class AgentKeyAdmin(admin.ModelAdmin[AgentKey]):
         "session_count",
     )
     list_filter = ("revoked_at",)
-    search_fields = ("name", "=prefix")
+    search_fields = ("name", "=prefix", "owner__username")
+    raw_id_fields = ("owner",)
     fields = (
         "name",
+        "owner",
+        "scopes",
         "max_concurrent_calls",
         "max_queued_calls",
         "calls_per_minute",

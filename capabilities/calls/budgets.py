@@ -37,17 +37,31 @@ MADE_ROOM_REASON = "ended to make room for a new session: idle MCP session, noth
 _ROOM_CANDIDATES = 5
 
 
-class OverBudget(Exception):
-    """The principal may not have more; `error` says which limit, for the agent."""
+class Refused(Exception):
+    """Refused in the database thread, before the row: `error` says why, for the agent."""
 
     def __init__(self, error: WireError) -> None:
         super().__init__(error.message)
         self.error = error
 
 
+class OverBudget(Refused):
+    """The principal may not have more; `error` says which limit."""
+
+
+class NotPermitted(Refused):
+    """The call's user lacks a permission the capability requires (access/permissions.py)."""
+
+
 def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) -> WireError | None:
     """Why this principal may not make this call at all (no I/O), or None."""
     if not principal.may_call(capability):
+        if principal.key is not None:
+            return WireError(
+                code=ErrorCode.PERMISSION_DENIED,
+                message=f"This agent key's scopes do not include {capability}.",
+                details={"capability": capability, "scopes": list(principal.key.scopes)},
+            )
         return WireError(
             code=ErrorCode.PERMISSION_DENIED,
             message=f"Page-token connections may not call {capability}; use an agent key.",
@@ -93,6 +107,7 @@ def create_job(
     cancel_reason = ticket.seal() if ticket is not None else None
     created = lifecycle.create_job(
         principal=principal.rate_limit_id,
+        user_id=principal.user_id,
         max_running=principal.max_concurrent_calls,
         counts=counts,
         run_by=run_by if counts.mine < principal.max_concurrent_calls else None,

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from django.db import transaction
 
+from capabilities.access import permissions
 from capabilities.access.principal import Principal
 from capabilities.calls import availability, budgets
 from capabilities.jobs import finished, lifecycle
@@ -26,6 +27,7 @@ from capabilities.jobs.hop_batches import HopBatch, run_each
 from capabilities.jobs.slot_counts import SlotTally
 from capabilities.models import Job
 from capabilities.protocol import WireError
+from capabilities.work import registry
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -40,7 +42,7 @@ class Unavailable(Exception):
 
 
 # Refused before any statement was sent: the batch's transaction is still sound.
-_REFUSALS = (Unavailable, budgets.OverBudget)
+_REFUSALS = (Unavailable, budgets.Refused)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +84,11 @@ def _create_all(items: Sequence[NewJob]) -> list[Job | Exception]:
 
 
 def _check(new: NewJob) -> None:
+    # The user's permissions: a read, only for a capability that declares some.
+    spec = registry.get(new.job["capability"])
+    refused = permissions.refusal(spec, new.principal.user_id) if spec is not None else None
+    if refused is not None:
+        raise budgets.NotPermitted(refused)
     if new.check is not None:
         new.check()
 

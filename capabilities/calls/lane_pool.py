@@ -52,6 +52,7 @@ class _Task:
     params: dict[str, Any]
     seconds: float
     done: Done
+    user_id: int | None = None
     stopped: bool = False
 
 
@@ -86,14 +87,27 @@ class LanePool:
             thread.start()
 
     def submit(
-        self, job_id: str, capability: str, params: dict[str, Any], seconds: float, done: Done
+        self,
+        job_id: str,
+        capability: str,
+        params: dict[str, Any],
+        seconds: float,
+        done: Done,
+        *,
+        user_id: int | None = None,
     ) -> None:
         """Run it in the next free process, for at most `seconds` from then; `done` gets its end.
 
         `done` is called once, from a pool thread, unless the run is stopped first.
+        `user_id`: the user it runs for, loaded there as `ctx.user`.
         """
         task = _Task(
-            job_id=job_id, capability=capability, params=params, seconds=seconds, done=done
+            job_id=job_id,
+            capability=capability,
+            params=params,
+            seconds=seconds,
+            done=done,
+            user_id=user_id,
         )
         with self._lock:
             self._tasks[job_id] = task
@@ -208,7 +222,7 @@ class LanePool:
 
     def _run(self, conn: Connection, task: _Task) -> runs.Ran | Failure:
         try:
-            conn.send((task.capability, task.params))
+            conn.send((task.capability, task.params, task.user_id))
             if not conn.poll(max(task.seconds, 0.001)):
                 return Failure.TIME_LIMIT
             ran: runs.Ran = conn.recv()

@@ -120,7 +120,12 @@ class LocalLane:
         return job.status == JobStatus.RUNNING and job.worker == self.name
 
     def run(
-        self, job_id: str, capability: str, params: dict[str, Any], seconds: float
+        self,
+        job_id: str,
+        capability: str,
+        params: dict[str, Any],
+        seconds: float,
+        user_id: int | None = None,
     ) -> asyncio.Future[lifecycle.Outcome | None]:
         """Hand the run to the pool (from the event loop); its outcome, None if stopped."""
         assert self._pool is not None
@@ -132,7 +137,7 @@ class LocalLane:
         def done(ended: runs.Ran | lane_pool.Failure) -> None:
             loop.call_soon_threadsafe(_resolve, future, _outcome(job_id, ended))
 
-        self._pool.submit(job_id, capability, params, seconds, done)
+        self._pool.submit(job_id, capability, params, seconds, done, user_id=user_id)
         return future
 
     def running(self) -> list[str]:
@@ -214,11 +219,11 @@ async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) ->
 async def _ran(job: Job, params: dict[str, Any], seconds: float) -> lifecycle.Outcome | None:
     """The lane's run of the job, under `abp.run` while traces are on."""
     if not tracing.enabled():
-        return await _lane.run(str(job.id), job.capability, params, seconds)
+        return await _lane.run(str(job.id), job.capability, params, seconds, job.user_id)
     with tracing.span(
         "abp.run", job.trace_parent, job_id=job.id, capability=job.capability, worker=job.worker
     ):
-        return await _lane.run(str(job.id), job.capability, params, seconds)
+        return await _lane.run(str(job.id), job.capability, params, seconds, job.user_id)
 
 
 def _outcome(job_id: str, ended: runs.Ran | lane_pool.Failure) -> lifecycle.Outcome:

@@ -66,7 +66,7 @@ class CallRequest:
     """Its place among its session's starts (the WebSocket doors start several at once)."""
     check: Callable[[], None] | None = None
     """A door's own check, run in the row's database hop just before the row (MCP: its
-    session's row is open); raising OverBudget refuses the call."""
+    session's row is open); raising budgets.Refused refuses the call."""
 
 
 def capability_names() -> list[str]:
@@ -152,8 +152,8 @@ async def _written(writing: asyncio.Future[Job], new: job_writes.NewJob, call_id
         return await start_retries.stored(writing, new)
     except job_writes.Unavailable as unavailable:
         raise CallRefused(unavailable.error) from None
-    except budgets.OverBudget as over:
-        raise CallRefused(over.error) from None
+    except budgets.Refused as refused:
+        raise CallRefused(refused.error) from None
     except CallIdInUse:
         raise CallIdTaken(
             WireError(

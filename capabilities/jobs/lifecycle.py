@@ -82,6 +82,7 @@ def create_job(
     progress_token: str | int | None,
     notify_started: bool = False,
     principal: str = "",
+    user_id: int | None = None,
     max_running: int | None = None,
     counts: SlotCounts | None = None,
     settled: Outcome | None = None,
@@ -90,6 +91,7 @@ def create_job(
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
+    `user_id`: the user the call runs for (ctx.user), if any.
     `max_running`: the principal's share of the workers (MAX_CONCURRENT_CALLS if None).
     `counts`: what the queue and the principal hold, if the caller already read it.
     `settled`: the call was cancelled before this: the row is written with that
@@ -119,6 +121,7 @@ def create_job(
         params=stored_params,
         spilled=spilled,
         principal=principal,
+        user_id=user_id,
         queue=queue_name,
         max_running=share,
         dispatched_at=now if go_now else None,

@@ -158,12 +158,12 @@ def update_returning(
     row = _update(job_id, statuses, values, fields=fields)
     if row is None:
         return None
-    names = ["id"]
-    loaded: list[Any] = [uuid.UUID(str(job_id))]
+    by_attname: dict[str, Any] = {"id": uuid.UUID(str(job_id))}
     for name, value in zip(fields, row, strict=True):
-        names.append(_field(name).attname)
-        loaded.append(_from_db(name, value))
-    return Job.from_db(connection.alias, names, loaded)
+        by_attname[_field(name).attname] = _from_db(name, value)
+    # Model.from_db takes a subset of the fields' values in the model's field order.
+    names = [f.attname for f in Job._meta.concrete_fields if f.attname in by_attname]
+    return Job.from_db(connection.alias, names, [by_attname[name] for name in names])
 
 
 def _from_db(name: str, value: Any) -> Any:

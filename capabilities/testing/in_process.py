@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.core.exceptions import AppRegistryNotReady
 
+from capabilities.access import permissions
 from capabilities.protocol import ErrorCode
 from capabilities.work import extras, registry
 from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import CapabilityError, File, JobAborted
 from capabilities.work.context_base import ContextBase
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,8 +44,15 @@ class RecordingContext(ContextBase):
     Files are kept by file name (`files`), and the name is the reference's `$file`.
     """
 
-    def __init__(self, *, job_id: str = "test-job", cancel_at_checkpoint: int | None = None):
+    def __init__(
+        self,
+        *,
+        job_id: str = "test-job",
+        cancel_at_checkpoint: int | None = None,
+        user: AbstractBaseUser | None = None,
+    ):
         self.job_id = job_id
+        self.user = user
         self.cancel_at_checkpoint = cancel_at_checkpoint
         self.checkpoints = 0
         self.progress: list[Progress] = []
@@ -100,13 +111,19 @@ def _unknown(name: str) -> str:
 
 
 def run_capability(
-    name: str, params: dict[str, Any], *, cancel_at_checkpoint: int | None = None
+    name: str,
+    params: dict[str, Any],
+    *,
+    cancel_at_checkpoint: int | None = None,
+    user: AbstractBaseUser | None = None,
 ) -> CapabilityRun:
     """Validate `params` as a call's are, run capability `name` here, and record it.
 
     A refused param raises `CapabilityError` with the code an agent would get; so does
-    the capability's own refusal. Any other exception is raised as it is. Capabilities
-    are registered when Django starts: before that, `AppRegistryNotReady` says so.
+    the capability's own refusal, and a `user` (its `ctx.user`) without a permission
+    the capability requires (PERMISSION_DENIED). Any other exception is raised as it
+    is. Capabilities are registered when Django starts: before that,
+    `AppRegistryNotReady` says so.
     """
     if not apps.ready:
         raise AppRegistryNotReady(
@@ -125,7 +142,10 @@ def run_capability(
             details=refused.details,
             retryable=bool(refused.retryable),
         )
-    ctx = RecordingContext(cancel_at_checkpoint=cancel_at_checkpoint)
+    denied = permissions.user_refusal(spec, user)
+    if denied is not None:
+        raise CapabilityError(denied.code, denied.message, details=denied.details)
+    ctx = RecordingContext(cancel_at_checkpoint=cancel_at_checkpoint, user=user)
     runner = spec.load_runner()
     try:
         result: dict[str, Any] | None = runner(params, ctx)

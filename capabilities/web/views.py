@@ -44,8 +44,10 @@ def page_origin(request: HttpRequest) -> str:
 
 def page_token_context(request: HttpRequest) -> dict[str, Any]:
     """What a page needs to open its WebSocket: a fresh token, where to renew it."""
+    user = getattr(request, "user", None)
+    user_id = user.pk if user is not None and user.is_authenticated else None
     return {
-        "token": page_tokens.issue(page_origin(request)),
+        "token": page_tokens.issue(page_origin(request), user_id=user_id),
         "tokenUrl": reverse("abp-page-token"),
         "tokenMaxAgeSeconds": page_tokens.max_age(),
     }

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
 
 
 class JobAborted(BaseException):
@@ -76,6 +79,12 @@ class JobContext(Protocol):
     @property
     def job_id(self) -> str:
         """The job's id (also the Celery task id)."""
+        ...
+
+    @property
+    def user(self) -> AbstractBaseUser | None:
+        """The Django user the call runs for, loaded where it runs; None for a service
+        key, an anonymous page, or development mode (docs/your-capabilities.md)."""
         ...
 
     def checkpoint(self) -> None:

@@ -11,16 +11,22 @@ import base64
 import binascii
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capabilities.protocol import ErrorCode
 from capabilities.work import processes
 from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import CapabilityError
 
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+
 
 class ContextBase(abc.ABC):
-    """`cancelled`, `wait`, `on_cancel`, `run_process` over a `CancelSignal`; `read_bytes`."""
+    """`cancelled`, `wait`, `on_cancel`, `run_process` over a `CancelSignal`; `read_bytes`;
+    `user`, loaded by whoever runs the job before the work starts."""
+
+    user: AbstractBaseUser | None = None
 
     @property
     @abc.abstractmethod

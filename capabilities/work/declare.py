@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import inspect
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from capabilities.protocol import ErrorCode
@@ -38,9 +38,12 @@ def capability(
     size_limits: tuple[SizeLimit, ...] = (),
     setting_maxima: tuple[SettingMaximum, ...] = (),
     warm_up: Callable[[], object] | str | None = None,
+    permissions: Sequence[str] = (),
 ) -> Callable[[F], F]:
     """Register the decorated `(params, ctx) -> result` function as capability `name`.
 
+    `permissions`: Django permissions (`"app_label.codename"`) the calling user must
+    have (`user.has_perm`), checked before the job is stored and again before it runs.
     `cost`: "heavy", "small" or a queue's name. `timeout_ms`, `max_timeout_ms`: the
     default and the longest timeout (capped by ABP["MAX_TIMEOUT_MS"]). Advanced, as
     the built-ins use them: `size_limits` and `setting_maxima` (limits from settings
@@ -65,11 +68,25 @@ def capability(
                 default_timeout_ms=timeout_ms,
                 max_timeout_ms=max_timeout_ms,
                 cost=cost,
+                permissions=_permissions(name, permissions),
             )
         )
         return function
 
     return decorate
+
+
+def _permissions(name: str, permissions: Sequence[str]) -> tuple[str, ...]:
+    """Each as `has_perm` takes it, "app_label.codename"; TypeError for anything else."""
+    if isinstance(permissions, str):
+        raise TypeError(f"Capability {name!r}: permissions= takes a list, not one string.")
+    for permission in permissions:
+        label, dot, codename = str(permission).partition(".")
+        if not (label and dot and codename):
+            raise TypeError(
+                f"Capability {name!r}: permission {permission!r} is not 'app_label.codename'."
+            )
+    return tuple(permissions)
 
 
 def _hints(function: Callable[..., Any]) -> tuple[Any, Any]:

@@ -22,6 +22,7 @@ from capabilities.work import registry, runs
 from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import CapabilityError, File
 from capabilities.work.context_base import ContextBase
+from capabilities.work.users import load_user
 
 MIB = 1024 * 1024
 
@@ -74,9 +75,15 @@ class NoJob(ContextBase):
         )
 
 
-def run(capability: str, params: dict[str, Any]) -> runs.Ran:
-    """The runner's data, or the coded error it came to (plain data, pickled to Daphne)."""
-    return runs.run(capability, params, NoJob())
+def run(capability: str, params: dict[str, Any], user_id: int | None = None) -> runs.Ran:
+    """The runner's data, or the coded error it came to (plain data, pickled to Daphne).
+
+    `user_id`: the user it runs for, loaded here as `ctx.user` (its permissions were
+    checked as the call started, a moment ago).
+    """
+    context = NoJob()
+    context.user = load_user(user_id)
+    return runs.run(capability, params, context)
 
 
 def serve(conn: Connection, memory_limit_mb: int, capabilities: list[str]) -> None:
@@ -88,7 +95,7 @@ def serve(conn: Connection, memory_limit_mb: int, capabilities: list[str]) -> No
     conn.send(os.getpid())
     while True:
         try:
-            capability, params = conn.recv()
+            capability, params, user_id = conn.recv()
         except EOFError:
             return
-        conn.send(run(capability, params))
+        conn.send(run(capability, params, user_id))

@@ -153,6 +153,9 @@ class CapabilitySpec:
     # Which queue runs it: a cost class, "small" (milliseconds, little memory) or
     # "heavy" (abp_settings().QUEUES), or the name of a queue of its own.
     cost: str = "heavy"
+    # Django permissions ("app_label.codename") the calling user must have, checked
+    # before the job is stored and again in the worker before it runs.
+    permissions: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         """The manifest entry."""

@@ -19,13 +19,16 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
 from capabilities import tracing
+from capabilities.access import permissions
 from capabilities.conf import abp_settings
 from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, results
 from capabilities.models import CancelSource, Job
-from capabilities.work import runs
+from capabilities.protocol import ErrorCode, WireError
+from capabilities.work import registry, runs
 from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import File, JobAborted
 from capabilities.work.context_base import ContextBase
+from capabilities.work.users import load_user
 from capabilities.worker import memory_limit, outages
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
@@ -44,6 +47,7 @@ WORKER_FIELDS = (
     "progress_token",
     "notify_started",
     "created_at",
+    "user_id",
 )
 
 
@@ -217,7 +221,8 @@ def _execute_job(job: Job, interrupter: Interrupter, span: Span | None = None) -
     context = _running = WorkerContext(job, interrupter)
     context.span = span
     try:
-        outcome = _run(job, context, interrupter)
+        refused = _for_whom(job, context)
+        outcome = refused or _run(job, context, interrupter)
     except JobAborted:
         # Raised at a checkpoint or into the thread: the cancel already settled it.
         outages.written(lambda: lifecycle.record_stopped(job_id), f"job {job_id} stopped")
@@ -234,6 +239,27 @@ def _execute_job(job: Job, interrupter: Interrupter, span: Span | None = None) -
     )
     if not settled:
         context.discard_files()
+
+
+def _for_whom(job: Job, context: WorkerContext) -> lifecycle.Outcome | None:
+    """Load the job's user into `ctx.user`, and check again what the start checked.
+
+    The job may have waited: its user may have been deactivated, or lost a permission
+    the capability requires. None when it may run.
+    """
+    if job.user_id is None:
+        return None
+    context.user = load_user(job.user_id)
+    spec = registry.get(job.capability)
+    if context.user is None:
+        error = WireError(
+            code=ErrorCode.PERMISSION_DENIED,
+            message="The user this call runs for is no longer active.",
+            details={"capability": job.capability},
+        )
+        return lifecycle.Outcome.failed(error)
+    refused = permissions.user_refusal(spec, context.user) if spec is not None else None
+    return lifecycle.Outcome.failed(refused) if refused is not None else None
 
 
 def _run(job: Job, context: WorkerContext, interrupter: Interrupter) -> lifecycle.Outcome:

@@ -75,3 +75,37 @@ def test_the_public_api_imports_nothing_heavy() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.usefixtures("database")
+def test_the_ctx_user_example_exports_each_users_own_notes_and_refuses_without_the_right() -> None:
+    """The section's example is tests/notes, as written; two users, their own rows."""
+    import uuid
+
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    from tests.notes.models import Note
+
+    (example,) = code_blocks("Whose call it is: `ctx.user` and permissions")
+    assert (ROOT / "tests" / "notes" / "abp_capabilities.py").read_text() == example
+    view_note = Permission.objects.get(content_type__app_label="notes", codename="view_note")
+    users = get_user_model().objects
+    ann, bob, eve = (users.create_user(username=f"{n}-{uuid.uuid4().hex[:8]}") for n in "abe")
+    for reader in (ann, bob):
+        reader.user_permissions.add(view_note)
+    Note.objects.bulk_create(
+        [
+            Note(owner=ann, title="ann 1"),
+            Note(owner=ann, title="ann 2"),
+            Note(owner=bob, title="bob"),
+        ]
+    )
+    for reader, titles in ((ann, ["ann 1", "ann 2"]), (bob, ["bob"])):
+        run = run_capability("notes.export", {}, user=reader)
+        assert run.result is not None
+        assert run.result["notes"] == len(titles)
+        rows = run.files["notes.csv"].decode().splitlines()[1:]
+        assert [row.split(",", 1)[1] for row in rows] == titles
+    with pytest.raises(CapabilityError, match=r"needs the permission notes\.view_note"):
+        run_capability("notes.export", {}, user=eve)

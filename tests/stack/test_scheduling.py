@@ -25,7 +25,7 @@ LONG = {"mode": "checkpoint", "steps": 3000, "stepMs": 20}  # a minute, unless c
 TINY = {"mode": "checkpoint", "steps": 1, "stepMs": 2}
 
 
-def new_key(name: str, **limits: int) -> str:
+def new_key(name: str, **limits: Any) -> str:
     return agent_keys.create_key(name, **limits)[1]
 
 

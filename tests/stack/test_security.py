@@ -44,7 +44,7 @@ def assert_refused(agent: Agent, reason: str, close_code: int) -> None:
     assert code == close_code
 
 
-def new_key(**limits: int) -> str:
+def new_key(**limits: Any) -> str:
     return agent_keys.create_key("attack-list", **limits)[1]
 
 

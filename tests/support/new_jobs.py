@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from capabilities.access import agent_keys
 from capabilities.access.principal import Principal
 from capabilities.calls import job_writes
@@ -9,7 +11,7 @@ from capabilities.calls import job_writes
 LANE = "local@test:1"
 
 
-def principal(**limits: int) -> Principal:
+def principal(**limits: Any) -> Principal:
     """An agent key's principal (a key of its own, with these limits)."""
     key, _ = agent_keys.create_key("new jobs", **limits)
     return Principal(kind="key", key=key, client_address="127.0.0.1")

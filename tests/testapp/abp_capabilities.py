@@ -14,6 +14,9 @@ With `fileBytes`, the result also carries a file of that many random bytes.
 `test.asyncTicks` is an `async def` ticking on `asyncio.sleep`, and `test.child` runs a
 program of its own through `ctx.run_process`: both are declared from type hints.
 
+`test.whoami` answers the username of `ctx.user`; `test.guarded` does too, for a user
+with the permission `auth.view_user` alone.
+
 `test.allocate` asks for `mb` MiB: `python` in zero-filled chunks held until the end
 (every page touched), `glib` in one `g_malloc`, which aborts the process when it
 fails, as the C libraries under WeasyPrint do.
@@ -160,3 +163,29 @@ def run_child(params: Child, ctx: JobContext) -> ChildDone:
     script = f'echo $$ > "$1"; exec sleep {params.seconds}'
     done = ctx.run_process(["sh", "-c", script, "child", params.pid_file])
     return ChildDone(code=done.returncode)
+
+
+@dataclass
+class Nothing:
+    pass
+
+
+@dataclass
+class Whoami:
+    user: str | None
+
+
+@capability(
+    "test.whoami", description="Test only: the username of ctx.user, or null.", cost="small"
+)
+def run_whoami(params: Nothing, ctx: JobContext) -> Whoami:
+    return Whoami(user=ctx.user.get_username() if ctx.user is not None else None)
+
+
+@capability(
+    "test.guarded",
+    description="Test only: ctx.user's username, for a user who may view users.",
+    permissions=["auth.view_user"],
+)
+def run_guarded(params: Nothing, ctx: JobContext) -> Whoami:
+    return Whoami(user=ctx.user.get_username() if ctx.user is not None else None)

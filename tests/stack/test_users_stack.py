@@ -1,0 +1,67 @@
+"""A Django user behind every call, over the real stack: the key's owner is `ctx.user`
+in the worker, the job records its user, and a capability's permissions refuse a user
+without them before anything is stored."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+
+from capabilities.access import agent_keys
+from capabilities.models import Job
+from tests.support.agent import Agent
+from tests.support.stack import Stack
+
+
+def user(*perms: str) -> Any:
+    made = get_user_model().objects.create_user(username=f"s-{uuid.uuid4().hex[:10]}")
+    for name in perms:
+        label, codename = name.split(".")
+        made.user_permissions.add(
+            Permission.objects.get(content_type__app_label=label, codename=codename)
+        )
+    return made
+
+
+def agent_for(stack: Stack, owner: Any = None, scopes: tuple[str, ...] = ()) -> Agent:
+    _, plaintext = agent_keys.create_key("users-stack", owner=owner, scopes=scopes)
+    connected = Agent(stack.ws_url, key=plaintext)
+    connected.initialize()
+    return connected
+
+
+def payload(agent: Agent, capability: str, call_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = agent.result_of(agent.call(capability, {}, call_id=call_id))["payload"]
+    return result
+
+
+def test_the_keys_owner_is_ctx_user_in_the_worker_and_on_the_job(stack: Stack) -> None:
+    allowed = user("auth.view_user")
+    with agent_for(stack, allowed) as agent:
+        done = payload(agent, "test.guarded", "mine")
+        assert done["success"] is True, done
+        assert done["data"] == {"user": allowed.get_username()}
+        job = Job.objects.get(session_id=agent.session_id, call_id="mine")
+        assert job.user_id == allowed.pk
+        assert job.principal == f"user:{allowed.pk}"
+    with agent_for(stack) as service:
+        assert payload(service, "test.whoami", "nobody")["data"] == {"user": None}
+        assert Job.objects.get(session_id=service.session_id, call_id="nobody").user_id is None
+
+
+def test_a_user_without_the_permission_is_refused_before_anything_is_stored(
+    stack: Stack,
+) -> None:
+    with agent_for(stack, user()) as agent:
+        error = payload(agent, "test.guarded", "not-mine")["error"]
+        assert error["code"] == "PERMISSION_DENIED"
+        assert error["details"] == {"capability": "test.guarded", "missing": ["auth.view_user"]}
+        assert not Job.objects.filter(session_id=agent.session_id).exists()
+    with agent_for(stack, user("auth.view_user"), scopes=("test.whoami",)) as scoped:
+        error = payload(scoped, "test.guarded", "out-of-scope")["error"]
+        assert error["code"] == "PERMISSION_DENIED"
+        assert error["details"]["scopes"] == ["test.whoami"]
+        assert payload(scoped, "test.whoami", "in-scope")["success"] is True
