@@ -100,9 +100,11 @@ $(BIN)/python: | system-deps
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 
 # The lock, exactly and with its hashes (uv, itself installed by pip from the lock's own
-# entry and hashes: pip takes minutes over what uv does in seconds); then the app and
-# the client themselves, with no dependency of their own left to resolve. Again whenever the lock or the packaging
-# is newer than the stamp, or the venv's Python is not PYTHON_VERSION.
+# entry and hashes: pip takes minutes over what uv does in seconds), compiled to bytecode
+# as pip would (with PYTHONDONTWRITEBYTECODE set, every process would compile its
+# imports again); then the app and the client themselves, with no dependency of their
+# own left to resolve. Again whenever the lock or the packaging is newer than the
+# stamp, or the venv's Python is not PYTHON_VERSION.
 $(STAMP): $(LOCK) pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	@if ! $(BIN)/python -c 'import sys; sys.exit(f"{sys.version_info[0]}.{sys.version_info[1]}" != "$(PYTHON_VERSION)")'; then \
 	  echo "$(VENV) is not Python $(PYTHON_VERSION): making it again"; \
@@ -111,9 +113,9 @@ $(STAMP): $(LOCK) pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/python scripts/lock_entry.py uv < $(LOCK) > $(VENV)/uv-requirement.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -q --require-hashes \
 	  -r $(VENV)/uv-requirement.txt
-	$(BIN)/uv pip sync --quiet --require-hashes --python $(BIN)/python $(LOCK)
-	$(BIN)/uv pip install --quiet --no-deps --no-build-isolation --python $(BIN)/python \
-	  -e . -e ./clients/python
+	$(BIN)/uv pip sync --quiet --require-hashes --compile-bytecode --python $(BIN)/python $(LOCK)
+	$(BIN)/uv pip install --quiet --no-deps --no-build-isolation --compile-bytecode \
+	  --python $(BIN)/python -e . -e ./clients/python
 	@touch $@
 
 # requirements/dev.txt: one universal lock (every supported Python, hashes) of the app

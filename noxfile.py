@@ -80,6 +80,9 @@ def _bind_interpreters() -> None:
     os.environ["PATH"] = os.pathsep.join([*sorted(folders), os.environ.get("PATH", "")])
 
 
-# Never a Python downloaded by uv: the cells run on the machine's interpreters.
+# Never a Python downloaded by uv: the cells run on the machine's interpreters. Bytecode
+# compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set, every process
+# of a cell's stack would compile its imports again.
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 _bind_interpreters()
