@@ -9,6 +9,7 @@ from channels.db import database_sync_to_async
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
+from capabilities.access import visibility
 from capabilities.calls import availability
 from capabilities.conf import abp_settings
 from capabilities.mcp_door import (
@@ -25,9 +26,12 @@ from capabilities.mcp_door import (
 async def list_tools(
     ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
 ) -> types.ListToolsResult:
-    """Every capability as a tool; `_meta["abp/available"]` false where no worker runs it."""
+    """Each capability the caller may call, as a tool; `_meta["abp/available"]` false
+    where no worker runs it."""
     snapshot = await database_sync_to_async(availability.for_listing)()
-    return types.ListToolsResult(tools=tools.tool_list(snapshot.states()))
+    shown = await visibility.names_for_async(tool_calls.principal_of(ctx))
+    listed = [tool for tool in tools.tool_list(snapshot.states()) if tool.name in shown]
+    return types.ListToolsResult(tools=listed)
 
 
 def build() -> Server[Any]:

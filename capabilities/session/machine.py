@@ -129,6 +129,7 @@ class Session:
         app: dict[str, Any],
         wire: Wire = replies,
         describe: Callable[[], list[dict[str, Any]]] = list,
+        shown: Callable[[str], bool] = lambda name: True,
         availability: Callable[[], dict[str, bool]] = dict,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
@@ -140,6 +141,9 @@ class Session:
         self.notifications = False
         self.limits = Limits()
         self._capability_names = capability_names
+        # What the agent is shown of them (a call to another is still checked, and
+        # refused with the reason, by the start).
+        self._shown = shown
         self._wire = wire
         self._describe = describe
         self._availability = availability
@@ -401,6 +405,7 @@ class Session:
         return [
             {"name": name, "available": available.get(name, True)}
             for name in self._capability_names()
+            if self._shown(name)
         ]
 
     def capabilities_changed(self, available: dict[str, bool]) -> list[Action]:

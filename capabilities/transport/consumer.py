@@ -23,7 +23,7 @@ from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 
-from capabilities.access import agent_keys, credentials
+from capabilities.access import agent_keys, credentials, visibility
 from capabilities.calls import (
     cancellation,
     draining,
@@ -100,14 +100,23 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         """The frame's message (None: nothing to do); ProtocolError if refused."""
         return decode(frame)
 
+    def _describe(self) -> list[dict[str, Any]]:
+        return [entry for entry in _describe() if self._shown(entry["name"])]
+
+    def _shown(self, name: str) -> bool:
+        return self.visible is None or name in self.visible
+
     async def connect(self) -> None:
         await availability_watch.ensure_started()
         local_lane.start_soon()
+        # Everything until the credential is known; then what its principal may call.
+        self.visible: frozenset[str] | None = None
         self.session = Session(
             capability_names=start.capability_names,
             app=app_info(),
             wire=self.wire,
-            describe=_describe,
+            describe=self._describe,
+            shown=self._shown,
             availability=availability_watch.states,
         )
         self.serial = asyncio.Lock()
@@ -131,6 +140,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         subprotocol = credentials.selected_subprotocol(self.scope)
         try:
             principal = await credentials.authenticate_async(self.scope)
+            self.visible = await visibility.names_for_async(principal)
         except credentials.Refused as refused:
             await self.accept(subprotocol=subprotocol)
             await self.perform(self.session.refuse(refused.reason))

@@ -161,3 +161,24 @@ def test_run_capability_takes_the_user_and_their_permissions() -> None:
     assert run_capability("test.whoami", {}).result == {"user": None}
     with pytest.raises(CapabilityError, match=r"needs the permission auth\.view_user"):
         run_capability("test.guarded", {}, user=user())
+
+
+def test_a_principal_is_shown_only_what_it_may_call() -> None:
+    from capabilities.access import visibility
+
+    def shown(principal: Principal) -> set[str]:
+        return set(visibility.names_for(principal)) & {"test.whoami", "test.guarded"}
+
+    allowed, lacking = user(perms=("auth.view_user",)), user()
+    service, _ = agent_keys.create_key("service")
+    scoped, _ = agent_keys.create_key("scoped", owner=allowed, scopes=["test.whoami"])
+    mine, _ = agent_keys.create_key("mine", owner=allowed)
+    theirs, _ = agent_keys.create_key("theirs", owner=lacking)
+    for key, expected in (
+        (mine, {"test.whoami", "test.guarded"}),
+        (theirs, {"test.whoami"}),
+        (service, {"test.whoami"}),
+        (scoped, {"test.whoami"}),
+    ):
+        principal = Principal(kind="key", key=key, client_address="", user_id=key.owner_id)
+        assert shown(principal) == expected, key.name

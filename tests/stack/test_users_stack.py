@@ -7,12 +7,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import anyio
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
 from capabilities.access import agent_keys
 from capabilities.models import Job
 from tests.support.agent import Agent
+from tests.support.mcp_clients import official_client
 from tests.support.stack import Stack
 
 
@@ -26,9 +28,12 @@ def user(*perms: str) -> Any:
     return made
 
 
+def key_for(owner: Any = None, scopes: tuple[str, ...] = ()) -> str:
+    return agent_keys.create_key("users-stack", owner=owner, scopes=scopes)[1]
+
+
 def agent_for(stack: Stack, owner: Any = None, scopes: tuple[str, ...] = ()) -> Agent:
-    _, plaintext = agent_keys.create_key("users-stack", owner=owner, scopes=scopes)
-    connected = Agent(stack.ws_url, key=plaintext)
+    connected = Agent(stack.ws_url, key=key_for(owner, scopes))
     connected.initialize()
     return connected
 
@@ -65,3 +70,23 @@ def test_a_user_without_the_permission_is_refused_before_anything_is_stored(
         assert error["code"] == "PERMISSION_DENIED"
         assert error["details"]["scopes"] == ["test.whoami"]
         assert payload(scoped, "test.whoami", "in-scope")["success"] is True
+
+
+OURS = {"test.whoami", "test.guarded"}
+
+
+def test_each_door_lists_only_what_the_caller_may_call(stack: Stack) -> None:
+    allowed, lacking = user("auth.view_user"), user()
+    for owner, expected in ((allowed, OURS), (lacking, {"test.whoami"})):
+        agent = Agent(stack.ws_url, key=key_for(owner))
+        with agent:
+            listed = agent.initialize()["payload"]["capabilities"]
+            assert {entry["name"] for entry in listed} & OURS == expected
+            reply = agent.reply_to(agent.send("capabilities/list", {}), "capabilities/list-result")
+            assert {entry["name"] for entry in reply["payload"]["capabilities"]} & OURS == expected
+
+        async def tools(key: str) -> set[str]:
+            async with official_client(f"{stack.http_url}/mcp", key=key) as client:
+                return {tool.name for tool in (await client.list_tools()).tools}
+
+        assert anyio.run(tools, key_for(owner)) & OURS == expected

@@ -81,7 +81,7 @@ class Load:
         if sizes.browser:
             from tests.support.soak.doors import browser
 
-            lanes.append(browser.lane(stack.http_url, stack.parent_port, self.lane("browser")))
+            lanes.append(browser.lane(stack.http_url, stack.parent_site, self.lane("browser")))
         return lanes
 
     async def drain(self, until: float) -> None:

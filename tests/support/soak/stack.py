@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.support import fleet
 from tests.support.postgres_server import PostgresServer
+from tests.support.soak.doors import browser
 from tests.support.soak.retention import RETENTION_SECONDS
 from tests.support.stack import free_port, port_open
 from tests.support.tcp_relay import TcpRelay
@@ -34,8 +35,11 @@ class SoakStack:
         self.run_dir = run_dir
         self.heavy_concurrency = heavy_concurrency
         self.postgres = PostgresServer()
-        # The origin of the page that embeds the app (doors/browser.py serves it).
-        self.parent_port = free_port()
+        # The origin of the page that embeds the app (doors/browser.py serves it), bound
+        # now: a port only chosen now could be any client socket's by the time the
+        # browser lane binds it (an OSError 98 that crashed the lane).
+        self.parent_site = browser.parent_server()
+        self.parent_port = self.parent_site.server_address[1]
         settings = {**SETTINGS, "ABP_EMBED_ALLOWED_ORIGINS": f"http://127.0.0.1:{self.parent_port}"}
         self.topology = Topology(
             "soak", run_dir, settings, heavy_concurrency=heavy_concurrency,
@@ -95,6 +99,7 @@ class SoakStack:
             self.topology.stop()
         finally:
             self.relay.close()
+            self.parent_site.server_close()
             self.postgres.remove()
 
     def keep_logs(self, artifacts: Path) -> None:

@@ -51,24 +51,25 @@ class _Quiet(SimpleHTTPRequestHandler):
         pass
 
 
+def parent_server() -> ThreadingHTTPServer:
+    """The embedding origin's server for tests/browser/pages/, bound to a free port now."""
+    return ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(PAGES)))
+
+
 @contextlib.contextmanager
-def parent_site(port: int) -> Iterator[str]:
-    """tests/browser/pages/ served on 127.0.0.1:`port` (the embedding origin)."""
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", port), functools.partial(_Quiet, directory=str(PAGES))
-    )
+def parent_site(server: ThreadingHTTPServer) -> Iterator[str]:
+    """The bound server, serving while the lane runs (its owner closes its socket)."""
     thread = threading.Thread(target=server.serve_forever, name="soak-parent-site", daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
-        server.server_close()
 
 
-async def lane(app: str, parent_port: int, ctx: Lane) -> None:
+async def lane(app: str, server: ThreadingHTTPServer, ctx: Lane) -> None:
     """One page making calls until the stop; a fresh page if its session is lost."""
-    with parent_site(parent_port) as parent:
+    with parent_site(server) as parent:
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
