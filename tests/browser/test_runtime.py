@@ -14,6 +14,7 @@ from playwright.sync_api import Page
 from capabilities.calls import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol.replies import NOT_FOUND
+from capabilities.work import registry
 from tests.browser.conftest import screenshot
 from tests.browser.support import orm, orm_eventually, until
 from tests.support.stack import Stack
@@ -109,13 +110,17 @@ def discover(page: Page, stack: Stack) -> dict[str, Any]:
 
 
 def check_capabilities(page: Page, manifest: dict[str, Any]) -> None:
+    """After initialize: every capability of the manifest, available where this session
+    may call it (an anonymous page may call none that needs a user's permission)."""
     listed = page.evaluate("() => abp.listCapabilities()")
     assert isinstance(listed, list)
     by_name = {item["name"]: item for item in listed}
     assert {spec["name"] for spec in manifest["capabilities"]} == set(by_name)
+    guarded = {spec.name for spec in registry.all_specs() if spec.permissions}
+    assert guarded
     for item in listed:
         assert set(item) == {"name", "description", "available", "inputSchema"}
-        assert item["available"] is True
+        assert item["available"] is (item["name"] not in guarded), item["name"]
     assert by_name["export.pdf"]["inputSchema"]["type"] == "object"
     described = page.evaluate("() => abp.describeCapability('export.pdf')")
     assert "document" in json.dumps(described["outputSchema"])
