@@ -92,12 +92,14 @@ def local_lane_time_limit(app_configs: Any = None, **_: Any) -> list[checks.Chec
 
 def built_ins_switched_off(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
     """An Info per built-in capability that is not served because its extra is missing."""
+    off = ((built_in, built_in.missing_modules()) for built_in in extras.BUILT_INS.values())
     return [
         checks.Info(
             f"The built-in capability {built_in.name!r} is off: the {built_in.extra!r} extra "
-            f"is not installed ({', '.join(built_in.missing_modules())} not found).",
+            f"is not installed ({', '.join(missing)} not found).",
             hint=f"To serve it: {built_in.install_line}",
             id="capabilities.I001",
         )
-        for built_in in extras.switched_off()
+        for built_in, missing in off
+        if missing
     ]

@@ -141,8 +141,8 @@ class Session:
         self.notifications = False
         self.limits = Limits()
         self._capability_names = capability_names
-        # What the agent is shown of them (a call to another is still checked, and
-        # refused with the reason, by the start).
+        # What the agent is shown of them, in `initialize-result` and `capabilities/list`
+        # (a call to another is still checked, and refused with the reason, by the start).
         self._shown = shown
         self._wire = wire
         self._describe = describe
@@ -278,7 +278,7 @@ class Session:
         if isinstance(message, Shutdown):
             return self._shutdown(message)
         if isinstance(message, ListCapabilities):
-            entries = self._describe()
+            entries = [entry for entry in self._describe() if self._shown(entry["name"])]
             return [Send(text=self._wire.capability_list(message.id, entries))]
         assert isinstance(message, ElicitationResponse)
         error = WireError(code=ErrorCode.INVALID_PARAMS, message="No elicitation is pending.")

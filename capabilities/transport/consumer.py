@@ -100,9 +100,6 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         """The frame's message (None: nothing to do); ProtocolError if refused."""
         return decode(frame)
 
-    def _describe(self) -> list[dict[str, Any]]:
-        return [entry for entry in _describe() if self._shown(entry["name"])]
-
     def _shown(self, name: str) -> bool:
         return self.visible is None or name in self.visible
 
@@ -115,7 +112,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             capability_names=start.capability_names,
             app=app_info(),
             wire=self.wire,
-            describe=self._describe,
+            describe=_describe,
             shown=self._shown,
             availability=availability_watch.states,
         )

@@ -35,6 +35,7 @@ from capabilities.protocol import (
     ErrorCode,
     Features,
     Initialize,
+    ListCapabilities,
     Message,
     ProtocolError,
     ResumeRequest,
@@ -318,6 +319,28 @@ def test_capability_names_are_read_when_the_session_opens() -> None:
     assert isinstance(action, OpenSession)
     capabilities = sent(session.opened(action))["payload"]["capabilities"]
     assert capabilities == [{"name": "late.one", "available": True}]
+
+
+def test_the_session_shows_the_agent_only_what_it_may_call_in_both_lists() -> None:
+    """`shown` filters `initialize-result` and `capabilities/list` alike (the shell
+    passes what the principal may call: access/visibility.py)."""
+    entries: list[dict[str, Any]] = [
+        {"name": name, "inputSchema": {}} for name in ("a.one", "b.two")
+    ]
+    session = Session(
+        capability_names=lambda: ["a.one", "b.two"],
+        app={},
+        new_id=counter(),
+        describe=lambda: entries,
+        shown=lambda name: name != "b.two",
+    )
+    session.accepted(Limits())
+    [action] = session.receive(Initialize(id="i"))
+    assert isinstance(action, OpenSession)
+    listed = sent(session.opened(action))["payload"]["capabilities"]
+    assert listed == [{"name": "a.one", "available": True}]
+    described = sent(session.receive(ListCapabilities(id="l")))["payload"]["capabilities"]
+    assert described == [{"name": "a.one", "inputSchema": {}}]
 
 
 def test_second_initialize_is_already_initialized() -> None:
