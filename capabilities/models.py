@@ -47,6 +47,8 @@ class CancelSource(models.TextChoices):
     """The agent's connection dropped with the call in flight."""
     OPERATOR = "operator", CANCEL_SOURCE_LABELS["operator"]
     """An operator cancelled it in the admin."""
+    USER = "user", CANCEL_SOURCE_LABELS["user"]
+    """The job's own user cancelled it: on "Your jobs", its API or the CLI."""
 
 
 class Door(models.TextChoices):
@@ -58,6 +60,8 @@ class Door(models.TextChoices):
     """MCP's Streamable HTTP endpoint (/mcp)."""
     RPC = "rpc", "JSON-RPC"
     """The JSON-RPC WebSocket (/abp/rpc), with ACP's `$/cancel_request`."""
+    APP = "app", "Django code"
+    """Started by the host's own code: `capability.enqueue(params, user=...)`."""
 
 
 class AgentKey(models.Model):
@@ -202,6 +206,9 @@ class Job(models.Model):
         on_delete=models.SET_NULL,
         related_name="abp_jobs",
     )
+    # Who made the call for the user: an agent key's prefix or an OAuth client's id
+    # ("" for a page or Django code). Shown on "Your jobs" and in the admin.
+    client = models.CharField(max_length=200, blank=True)
     # The Celery queue the job runs from, and the principal's share of the workers
     # (jobs running at once) when it was created: the dispatcher reads both.
     queue = models.CharField(max_length=100, blank=True)
@@ -271,6 +278,8 @@ class Job(models.Model):
                 fields=("status", "queue", "dispatched_at", "created_at"),
                 name="job_dispatch_idx",
             ),
+            # "Your jobs": a user's jobs, newest first.
+            models.Index(fields=("user", "-created_at"), name="job_user_created_idx"),
             # /metrics: jobs settled within its window (capabilities/web/metrics_collector.py).
             models.Index(fields=("settled_at",), name="job_settled_idx"),
         )

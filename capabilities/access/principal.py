@@ -24,6 +24,11 @@ class Principal:
     user_id: int | None = None
 
     @property
+    def client(self) -> str:
+        """What made the call for the user: the agent key's prefix ("" for a page)."""
+        return self.key.prefix if self.key is not None else ""
+
+    @property
     def rate_limit_id(self) -> str:
         """Whose budgets this connection spends: calls per minute, calls in flight, sessions.
 

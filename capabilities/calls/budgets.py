@@ -108,6 +108,7 @@ def create_job(
     created = lifecycle.create_job(
         principal=principal.rate_limit_id,
         user_id=principal.user_id,
+        client=principal.client,
         max_running=principal.max_concurrent_calls,
         counts=counts,
         run_by=run_by if counts.mine < principal.max_concurrent_calls else None,

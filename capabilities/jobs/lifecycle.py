@@ -83,6 +83,7 @@ def create_job(
     notify_started: bool = False,
     principal: str = "",
     user_id: int | None = None,
+    client: str = "",
     max_running: int | None = None,
     counts: SlotCounts | None = None,
     settled: Outcome | None = None,
@@ -91,7 +92,8 @@ def create_job(
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
-    `user_id`: the user the call runs for (ctx.user), if any.
+    `user_id`: the user the call runs for (ctx.user), if any; `client`: the key or
+    OAuth client that made the call for them.
     `max_running`: the principal's share of the workers (MAX_CONCURRENT_CALLS if None).
     `counts`: what the queue and the principal hold, if the caller already read it.
     `settled`: the call was cancelled before this: the row is written with that
@@ -122,6 +124,7 @@ def create_job(
         spilled=spilled,
         principal=principal,
         user_id=user_id,
+        client=client,
         queue=queue_name,
         max_running=share,
         dispatched_at=now if go_now else None,

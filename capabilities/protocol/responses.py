@@ -14,6 +14,7 @@ CANCEL_SOURCE_LABELS = {
     "shutdown": "Shutdown",
     "disconnect": "Disconnect",
     "operator": "Operator",
+    "user": "User",
 }
 
 
