@@ -163,6 +163,9 @@ CONTENT_SECURITY_POLICY = {
 }
 
 ROOT_URLCONF = "abpsite.urls"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "index"
+LOGOUT_REDIRECT_URL = "index"
 ASGI_APPLICATION = "abpsite.asgi.application"
 
 TEMPLATES = [

@@ -7,6 +7,8 @@ from abpsite import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Sign-in for people: "Your jobs", the console and OAuth consent need a user.
+    path("accounts/", include("django.contrib.auth.urls")),
     # Before the app's routes: a host's own pages come first.
     path("", views.index, name="index"),
     path("abp/demo/", views.demo, name="abp-demo"),
