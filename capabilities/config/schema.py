@@ -218,6 +218,10 @@ class AbpSettings(_Frozen):
     # to make room (docs/security.md#open-sessions). The demo's development settings
     # raise it to 10,000: there every keyless script is one principal (127.0.0.1).
     MAX_OPEN_SESSIONS_PER_PRINCIPAL: Count = 256
+    # Agent keys one user may hold at once (those not revoked), made on "Your keys"
+    # (docs/security.md#keys-a-user-owns); checked before a key is stored. Staff
+    # making keys in the admin or with create_agent_key are not bound by it.
+    MAX_KEYS_PER_USER: Count = 20
     # Page tokens are handed to anyone who loads a page, so they get a smaller budget:
     # calls queued or running per client address, calls per minute, the largest call (bytes
     # of its JSON params), the longest timeout, and which capabilities (empty: all).
