@@ -18,6 +18,7 @@ from abpsite.safety import DEVELOPMENT_SECRET_KEY, production_problems
 from abpsite.static_headers import add_headers
 from capabilities.config.environment import from_environment
 from capabilities.config.schema import AbpSettings, MetricsSettings, Queues, StorageSettings
+from capabilities.oauth.provider_settings import mcp_oauth_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -97,6 +98,7 @@ INSTALLED_APPS = [
     "channels",
     "csp",
     "axes",
+    "oauth2_provider",
     "capabilities",
 ]
 
@@ -163,6 +165,15 @@ CONTENT_SECURITY_POLICY = {
 }
 
 ROOT_URLCONF = "abpsite.urls"
+
+# OAuth 2.1 for MCP clients (the `[oauth]` extra): this site is its own authorization
+# server, set up as MCP needs (docs/security.md#oauth-for-mcp-clients). Behind a proxy,
+# name the public issuer and /mcp URL, so metadata, `iss` and audiences agree.
+OAUTH2_PROVIDER = mcp_oauth_settings(
+    OIDC_ISS_ENDPOINT=os.environ.get("DJANGO_OAUTH_ISSUER", ""),
+    OAUTH2_PROTECTED_RESOURCE_IDENTIFIER=os.environ.get("DJANGO_OAUTH_MCP_RESOURCE", ""),
+    OAUTH2_PROTECTED_RESOURCE_NAME="abp-jobs",
+)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "index"
 LOGOUT_REDIRECT_URL = "index"

@@ -1,7 +1,8 @@
-"""Root URLs: the admin, the demo's own pages, and the app's routes (capabilities/urls.py)."""
+"""Root URLs: the admin, sign-in, the demo's home page, and the app's routes (capabilities/urls.py)."""
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from abpsite import views
 
@@ -11,6 +12,9 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     # Before the app's routes: a host's own pages come first.
     path("", views.index, name="index"),
-    path("abp/demo/", views.demo, name="abp-demo"),
+    # The demo's forms became the app's console; old links still land there.
+    path("abp/demo/", RedirectView.as_view(pattern_name="abp-console"), name="abp-demo"),
     path("", include("capabilities.urls")),
+    # OAuth 2.1 for MCP clients: the metadata documents and the endpoints (/o/...).
+    path("", include("capabilities.oauth.urls")),
 ]

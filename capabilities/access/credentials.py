@@ -1,12 +1,15 @@
-"""Who opened a WebSocket: an agent key, a page token, or (development) nobody.
+"""Who opened a connection: an agent key, an access token, a page token, or nobody.
 
-An agent key acts for its owner, a page token for the user the page was served to
-(access/principal.py); a session cookie alone authenticates nothing here.
+An agent key acts for its owner, an OAuth access token for the user who granted it
+(access/oauth_tokens.py), a page token for the user the page was served to
+(access/principal.py); a session cookie alone authenticates nothing here. Nobody is
+allowed only in development (ABP["ALLOW_ANONYMOUS"]).
 
 The credential comes, in this order, from `Authorization: Bearer <credential>`, a
 subprotocol `abp.bearer.<credential>` (browsers cannot set headers; they offer
 `["abp", "abp.bearer.<credential>"]` and we select `abp`), or the query parameter
-`access_token` (for clients that can do neither; it ends up in access logs).
+`access_token` (for WebSocket clients that can do neither; it ends up in access
+logs, and /mcp refuses it, as MCP requires).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 
-from capabilities.access import agent_keys, page_tokens
+from capabilities.access import agent_keys, oauth_tokens, page_tokens
 from capabilities.access.principal import Principal
 from capabilities.conf import abp_settings
 from capabilities.protocol.text import unstorable
@@ -50,8 +53,8 @@ def client_address_of(scope: Mapping[str, Any]) -> str:
     return str(client[0])
 
 
-def credential_of(scope: Mapping[str, Any]) -> str | None:
-    """The credential the client presented, wherever it put it."""
+def credential_of(scope: Mapping[str, Any], *, query: bool = True) -> str | None:
+    """The credential the client presented, wherever it put it (`query`: or the URL)."""
     authorization = _headers(scope).get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, value = authorization.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
@@ -59,9 +62,24 @@ def credential_of(scope: Mapping[str, Any]) -> str | None:
     for subprotocol in scope.get("subprotocols") or []:
         if subprotocol.startswith(BEARER_SUBPROTOCOL):
             return str(subprotocol[len(BEARER_SUBPROTOCOL) :])
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    values = query.get(QUERY_PARAMETER)
+    return query_credential(scope) if query else None
+
+
+def query_credential(scope: Mapping[str, Any]) -> str | None:
+    """A credential in the query string (`?access_token=`), if any."""
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(QUERY_PARAMETER)
     return values[0] if values else None
+
+
+def resource_url(scope: Mapping[str, Any]) -> str:
+    """The URL the connection was made to, as an access token's audience must cover it.
+
+    http(s) for WebSockets too: a token names the server's resource, not the scheme
+    of one door. Behind a proxy, the Host it forwarded (`with_abp`).
+    """
+    scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme", "http"), scope.get("scheme"))
+    host = _headers(scope).get(b"host", b"").decode("latin-1")
+    return f"{scheme}://{host}{scope.get('path', '')}"
 
 
 def selected_subprotocol(scope: Mapping[str, Any]) -> str | None:
@@ -75,24 +93,34 @@ def key_prefix_presented(scope: Mapping[str, Any]) -> str | None:
     return agent_keys.prefix_of(presented) if presented else None
 
 
-async def authenticate_async(scope: Mapping[str, Any]) -> Principal:
-    """`authenticate`, from the event loop: the database thread only for an agent key.
+async def authenticate_async(scope: Mapping[str, Any], *, query: bool = True) -> Principal:
+    """`authenticate`, from the event loop: the database thread only for a key or token.
 
     Everything else (no credential, a page token, garbage) is decided on the loop, so
     a flood of such connections never queues behind the database thread, nor is a
     refusal late for the handshake's timeout when that thread is busy.
     """
-    presented = credential_of(scope)
-    if presented and not unstorable(presented) and agent_keys.looks_like_key(presented):
-        principal: Principal = await database_sync_to_async(authenticate)(scope)
+    presented = credential_of(scope, query=query)
+    if presented and not unstorable(presented) and _looked_up(presented):
+        principal: Principal = await database_sync_to_async(authenticate)(scope, query=query)
         return principal
-    return authenticate(scope)
+    return authenticate(scope, query=query)
 
 
-def authenticate(scope: Mapping[str, Any]) -> Principal:
-    """Who this is; Refused (with its close reason) if they may not connect."""
+def _looked_up(presented: str) -> bool:
+    """Whether checking this credential needs the database: a key, or an access token."""
+    if agent_keys.looks_like_key(presented):
+        return True
+    return oauth_tokens.enabled() and not page_tokens.looks_like_page_token(presented)
+
+
+def authenticate(scope: Mapping[str, Any], *, query: bool = True) -> Principal:
+    """Who this is; Refused (with its close reason) if they may not connect.
+
+    `query`: whether a credential in the URL counts (never at /mcp).
+    """
     address = client_address_of(scope)
-    presented = credential_of(scope)
+    presented = credential_of(scope, query=query)
     if presented and unstorable(presented):
         raise Refused("invalid-credentials")
     if not presented:
@@ -113,4 +141,24 @@ def authenticate(scope: Mapping[str, Any]) -> Principal:
         except page_tokens.PageTokenError as error:
             raise Refused(error.reason) from error
         return Principal(kind="page", key=None, client_address=address, user_id=user_id)
+    if oauth_tokens.enabled():
+        return _token_principal(presented, scope, address)
     raise Refused("invalid-credentials")
+
+
+def _token_principal(presented: str, scope: Mapping[str, Any], address: str) -> Principal:
+    """The principal of an OAuth access token, which must carry the `jobs` scope."""
+    try:
+        grant = oauth_tokens.verify(presented, oauth_tokens.public_url(resource_url(scope)))
+    except oauth_tokens.TokenRefused as refused:
+        raise Refused(refused.reason) from refused
+    if oauth_tokens.JOBS_SCOPE not in grant.scopes:
+        raise Refused("insufficient-scope")
+    return Principal(
+        kind="token",
+        key=None,
+        client_address=address,
+        user_id=grant.user_id,
+        oauth_client=grant.client_id,
+        scopes=grant.scopes,
+    )

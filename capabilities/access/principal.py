@@ -14,19 +14,24 @@ class Principal:
     """Who is on the other end, the user they act for, and the limits that apply.
 
     Page tokens go to anyone who loads a page, so their budget is the smallest. The
-    user (`user_id`) is an agent key's owner, or the signed-in user a page was served
-    to; None for a service key (no owner), an anonymous page, or development mode.
+    user (`user_id`) is an agent key's owner, the user who granted an OAuth access
+    token, or the signed-in user a page was served to; None for a service key (no
+    owner), an anonymous page, or development mode.
     """
 
-    kind: Literal["key", "page", "anonymous"]
+    kind: Literal["key", "token", "page", "anonymous"]
     key: AgentKey | None
     client_address: str
     user_id: int | None = None
+    # An OAuth access token's client (its client_id) and scopes.
+    oauth_client: str = ""
+    scopes: tuple[str, ...] = ()
 
     @property
     def client(self) -> str:
-        """What made the call for the user: the agent key's prefix ("" for a page)."""
-        return self.key.prefix if self.key is not None else ""
+        """What made the call for the user: the agent key's prefix, or the OAuth
+        client's id ("" for a page)."""
+        return self.key.prefix if self.key is not None else self.oauth_client
 
     @property
     def rate_limit_id(self) -> str:
@@ -34,7 +39,7 @@ class Principal:
 
         A user's keys share one budget: a hundred keys buy no more than one.
         """
-        if self.key is not None and self.user_id is not None:
+        if self.kind in ("key", "token") and self.user_id is not None:
             return f"user:{self.user_id}"
         if self.key is not None:
             return f"key:{self.key.prefix}"

@@ -15,6 +15,8 @@ from django.conf import settings
 from limits import RateLimitItemPerMinute
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
+from limits.storage import storage_from_string
+from limits.strategies import MovingWindowRateLimiter as SyncMovingWindowRateLimiter
 
 from capabilities import redis_pool
 
@@ -62,3 +64,21 @@ async def retry_after_ms(identity: str, per_minute: int) -> int | None:
 async def warm() -> None:
     """Open the limiter's connection and load its window script (counts no call)."""
     await _limiter().get_window_stats(RateLimitItemPerMinute(1), "abp:warm-up")
+
+
+_sync_limiter: list[SyncMovingWindowRateLimiter] = []
+
+
+def take(identity: str, per_minute: int) -> bool:
+    """Count one request from synchronous code (a Django view); False if over budget.
+
+    As for calls, Redis trouble lets the request through.
+    """
+    try:
+        if not _sync_limiter:
+            storage = storage_from_string(settings.REDIS_URL, key_prefix="abp:rate")
+            _sync_limiter.append(SyncMovingWindowRateLimiter(storage))
+        return bool(_sync_limiter[0].hit(RateLimitItemPerMinute(per_minute), identity))
+    except Exception:
+        logger.warning("Rate limiter unavailable; letting the request through", exc_info=True)
+        return True

@@ -1,4 +1,8 @@
-"""/mcp on Daphne: an agent key first, then the MCP SDK's Streamable HTTP session manager.
+"""/mcp on Daphne: a key or access token first, then the SDK's Streamable HTTP manager.
+
+Refusals follow MCP's authorization spec (docs/security.md#oauth-for-mcp-clients):
+401 with a `WWW-Authenticate` challenge that points at the Protected Resource
+Metadata, 403 `insufficient_scope` naming the scope, and no token in the URL.
 
 Daphne sends no ASGI lifespan events, and the session manager's `run()` must be
 entered once per process: the first request enters it, in a task that lives as
@@ -22,11 +26,11 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from capabilities.access import credentials
+from capabilities.access import credentials, oauth_tokens
 from capabilities.access.principal import Principal
 from capabilities.conf import abp_settings
 from capabilities.jsonrpc.error_codes import jsonrpc_error
-from capabilities.mcp_door import server, sessions
+from capabilities.mcp_door import challenges, server, sessions
 from capabilities.mcp_door.tool_calls import PRINCIPAL_SCOPE_KEY
 from capabilities.protocol import ErrorCode
 from capabilities.protocol.closes import REFUSAL_MESSAGES
@@ -115,17 +119,23 @@ class MCPDoor:
 
 
 async def _authenticate(scope: Scope) -> tuple[Principal | None, Response | None]:
-    """The caller, or the response refusing it (401 with why, as JSON-RPC)."""
+    """The caller, or the response refusing it (401 or 403 with why, as JSON-RPC)."""
+    if credentials.query_credential(scope) is not None:
+        return None, _refusal(scope, "token-in-query")
     try:
-        principal: Principal = await credentials.authenticate_async(scope)
+        principal: Principal = await credentials.authenticate_async(scope, query=False)
     except credentials.Refused as refused:
-        return None, _refusal(refused.reason)
+        return None, _refusal(scope, refused.reason)
     except DatabaseError:
         # The key could not be looked up (PostgreSQL restarting): try again, not a 500.
         logger.warning("MCP request refused: the agent key could not be checked", exc_info=True)
         return None, _unavailable()
     if principal.kind == "page":
-        return None, _refusal("invalid-credentials")
+        return None, _refusal(scope, "invalid-credentials")
+    if principal.kind == "anonymous" and oauth_tokens.enabled():
+        # With OAuth on, an MCP client must meet the challenge to find it (even in
+        # development, where WebSockets may come in without a key).
+        return None, _refusal(scope, "missing-credentials")
     return principal, None
 
 
@@ -139,14 +149,15 @@ def _unavailable() -> Response:
     )
 
 
-def _refusal(reason: str) -> Response:
+def _refusal(scope: Scope, reason: str) -> Response:
     # The code ACP gives "authentication required", from the one table.
+    status, challenge = challenges.challenge(scope, reason)
     return _error_response(
         ErrorCode.PERMISSION_DENIED,
         REFUSAL_MESSAGES[reason],
         {"reason": reason},
-        status=401,
-        headers={"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{reason}"'},
+        status=status,
+        headers={"WWW-Authenticate": challenge},
     )
 
 

@@ -7,13 +7,20 @@ CLOSE_CODES = {
     "invalid-credentials": 4401,
     "key-revoked": 4403,
     "expired-credentials": 4419,
+    "wrong-audience": 4401,
+    "insufficient-scope": 4403,
+    "token-in-query": 4401,
 }
 # Closed after an initialize refused for too many open sessions (RATE_LIMITED).
 TOO_MANY_SESSIONS_CLOSE_CODE = 4429
 REFUSAL_MESSAGES = {
-    "missing-credentials": "An agent key is required (Authorization: Bearer, a subprotocol "
-    "abp.bearer.<key>, or ?access_token=).",
-    "invalid-credentials": "The agent key or page token is not valid.",
+    "missing-credentials": "An agent key or access token is required (Authorization: Bearer, "
+    "a subprotocol abp.bearer.<key>, or ?access_token=).",
+    "invalid-credentials": "The agent key, access token or page token is not valid.",
     "key-revoked": "The agent key was revoked.",
     "expired-credentials": "The page token expired; reload the page (or fetch a new one).",
+    "wrong-audience": "The access token was not issued for this server: ask for it with this "
+    "server's URL as its resource (RFC 8707).",
+    "insufficient-scope": "The access token lacks a scope this needs.",
+    "token-in-query": "Send the access token in the Authorization header, not the URL.",
 }
