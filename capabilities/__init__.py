@@ -4,6 +4,10 @@ The public API, for a project's own capabilities (docs/your-capabilities.md)::
 
     from capabilities import CapabilityError, File, JobAborted, JobContext, capability
 
+and for Django code starting a capability's job (`squares.enqueue(params, user=...)`)::
+
+    from capabilities import EnqueueRefused, JobHandle, JobNotFound
+
 Loaded lazily: this is also the Django app's package, which must import nothing
 (no models, no settings) until the app registry asks.
 """
@@ -20,8 +24,18 @@ __version__ = "0.2.0"
 if TYPE_CHECKING:
     from capabilities.work.context import CapabilityError, File, JobAborted, JobContext
     from capabilities.work.declare import capability
+    from capabilities.work.enqueueing import EnqueueRefused, JobHandle, JobNotFound
 
-__all__ = ["CapabilityError", "File", "JobAborted", "JobContext", "capability"]
+__all__ = [
+    "CapabilityError",
+    "EnqueueRefused",
+    "File",
+    "JobAborted",
+    "JobContext",
+    "JobHandle",
+    "JobNotFound",
+    "capability",
+]
 
 _WHERE = {
     "CapabilityError": "capabilities.work.context",
@@ -29,6 +43,9 @@ _WHERE = {
     "JobAborted": "capabilities.work.context",
     "JobContext": "capabilities.work.context",
     "capability": "capabilities.work.declare",
+    "EnqueueRefused": "capabilities.work.enqueueing",
+    "JobHandle": "capabilities.work.enqueueing",
+    "JobNotFound": "capabilities.work.enqueueing",
 }
 
 

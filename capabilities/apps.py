@@ -24,13 +24,17 @@ class CapabilitiesConfig(AppConfig):
 
     def ready(self) -> None:
         from capabilities import conf, log_filters
-        from capabilities.work import registry
+        from capabilities.calls import app_calls
+        from capabilities.work import enqueueing, registry
 
         conf.install()
         # After Django's LOGGING is applied: it runs before any app is ready.
         log_filters.install()
         # Every installed app's `abp_capabilities` module (docs/your-capabilities.md).
         registry.autodiscover()
+        # `capability.enqueue()` stores jobs through the call service (dependency
+        # inversion: the work imports nothing of it).
+        enqueueing.install(app_calls.AppCalls())
         checks.register(development_password_in_use, checks.Tags.security)
         checks.register(local_lane_time_limit)
         checks.register(built_ins_switched_off)

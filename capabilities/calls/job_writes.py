@@ -84,9 +84,14 @@ def _create_all(items: Sequence[NewJob]) -> list[Job | Exception]:
 
 
 def _check(new: NewJob) -> None:
-    # The user's permissions: a read, only for a capability that declares some.
+    # The user's permissions and the capability's authorize check: reads, only for a
+    # capability that declares either.
     spec = registry.get(new.job["capability"])
-    refused = permissions.refusal(spec, new.principal.user_id) if spec is not None else None
+    refused = (
+        permissions.refusal(spec, new.principal.user_id, new.job["params"])
+        if spec is not None
+        else None
+    )
     if refused is not None:
         raise budgets.NotPermitted(refused)
     if new.check is not None:

@@ -121,9 +121,9 @@ def run_capability(
 
     A refused param raises `CapabilityError` with the code an agent would get; so does
     the capability's own refusal, and a `user` (its `ctx.user`) without a permission
-    the capability requires (PERMISSION_DENIED). Any other exception is raised as it
-    is. Capabilities are registered when Django starts: before that,
-    `AppRegistryNotReady` says so.
+    the capability requires, or whom its `authorize` check refuses (PERMISSION_DENIED).
+    Any other exception is raised as it is. Capabilities are registered when Django
+    starts: before that, `AppRegistryNotReady` says so.
     """
     if not apps.ready:
         raise AppRegistryNotReady(
@@ -142,7 +142,7 @@ def run_capability(
             details=refused.details,
             retryable=bool(refused.retryable),
         )
-    denied = permissions.user_refusal(spec, user)
+    denied = permissions.call_refusal(spec, user, params)
     if denied is not None:
         raise CapabilityError(denied.code, denied.message, details=denied.details)
     ctx = RecordingContext(cancel_at_checkpoint=cancel_at_checkpoint, user=user)

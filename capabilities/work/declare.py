@@ -7,6 +7,9 @@ are checked against the schema before anything is stored, then, where the functi
 runs, turned into the hinted type; the result is turned back into JSON. An
 `async def` runs on an event loop of its own in the worker's thread, and a cancel
 cancels its task.
+
+The decorated name is a `Capability` (work/declared.py): still the function (call it
+as before), plus `enqueue()` for Django code, as Django's `@task` has.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ import contextlib
 import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from capabilities.protocol import ErrorCode
 from capabilities.work import registry
 from capabilities.work.context import CapabilityError, JobAborted, JobContext, Runner
-from capabilities.work.registry import CapabilitySpec, SettingMaximum, SizeLimit
+from capabilities.work.declared import Capability
+from capabilities.work.registry import Authorize, CapabilitySpec, SettingMaximum, SizeLimit
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def capability(
@@ -39,19 +44,27 @@ def capability(
     setting_maxima: tuple[SettingMaximum, ...] = (),
     warm_up: Callable[[], object] | str | None = None,
     permissions: Sequence[str] = (),
-) -> Callable[[F], F]:
+    authorize: Authorize | None = None,
+) -> Callable[[Callable[P, R]], Capability[P, R]]:
     """Register the decorated `(params, ctx) -> result` function as capability `name`.
 
     `permissions`: Django permissions (`"app_label.codename"`) the calling user must
     have (`user.has_perm`), checked before the job is stored and again before it runs.
-    `cost`: "heavy", "small" or a queue's name. `timeout_ms`, `max_timeout_ms`: the
-    default and the longest timeout (capped by ABP["MAX_TIMEOUT_MS"]). Advanced, as
-    the built-ins use them: `size_limits` and `setting_maxima` (limits from settings
-    put in the schema), `warm_up` (a function, or its dotted path, the worker calls
-    once before it forks). Returns the function unchanged.
+    `authorize`: the object-level check permissions cannot make, `(user, params) ->
+    bool` (True to allow; it may raise PermissionDenied("why")), run at both points
+    after them. Named for what it does, as DRF's `has_object_permission` would not
+    fit: there is no object yet, only the params that name one. `user` is None for a
+    call for nobody. `cost`: "heavy", "small" or a queue's name. `timeout_ms`,
+    `max_timeout_ms`: the default and the longest timeout (capped by
+    ABP["MAX_TIMEOUT_MS"]). Advanced, as the built-ins use them: `size_limits` and
+    `setting_maxima` (limits from settings put in the schema), `warm_up` (a function,
+    or its dotted path, the worker calls once before it forks). Returns a `Capability`:
+    the function, callable as before, with `enqueue()`.
     """
+    if authorize is not None and not callable(authorize):
+        raise TypeError(f"Capability {name!r}: authorize= takes a function (user, params).")
 
-    def decorate(function: F) -> F:
+    def decorate(function: Callable[P, R]) -> Capability[P, R]:
         params_type, result_type = _hints(function)
         params_adapter = _adapter(params_type)
         result_adapter = _adapter(result_type)
@@ -69,9 +82,10 @@ def capability(
                 max_timeout_ms=max_timeout_ms,
                 cost=cost,
                 permissions=_permissions(name, permissions),
+                authorize=authorize,
             )
         )
-        return function
+        return Capability(function, name, params_adapter)
 
     return decorate
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.utils.module_loading import autodiscover_modules, import_string
 from jsonschema import Draft202012Validator
@@ -32,8 +32,16 @@ from capabilities.protocol.text import unstorable
 from capabilities.work.context import Runner
 from capabilities.work.schema_patterns import PatternValidator
 
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+
 # The app whose `abp_capabilities` module holds the built-ins, imported first.
 BUILT_INS = "capabilities.abp_capabilities"
+
+# An object-level check (`@capability(authorize=...)`): the call's user (None: nobody)
+# and its JSON params in; True lets the call go on. It may raise Django's
+# PermissionDenied("why") to give the reason.
+Authorize = Callable[["AbstractBaseUser | None", dict[str, Any]], bool]
 
 
 def _integer_setting(name: str) -> int:
@@ -156,6 +164,8 @@ class CapabilitySpec:
     # Django permissions ("app_label.codename") the calling user must have, checked
     # before the job is stored and again in the worker before it runs.
     permissions: tuple[str, ...] = ()
+    # The object-level check on the params, run at the same two points, after them.
+    authorize: Authorize | None = None
 
     def describe(self) -> dict[str, Any]:
         """The manifest entry."""

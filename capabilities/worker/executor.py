@@ -244,21 +244,21 @@ def _execute_job(job: Job, interrupter: Interrupter, span: Span | None = None) -
 def _for_whom(job: Job, context: WorkerContext) -> lifecycle.Outcome | None:
     """Load the job's user into `ctx.user`, and check again what the start checked.
 
-    The job may have waited: its user may have been deactivated, or lost a permission
-    the capability requires. None when it may run.
+    The job may have waited: its user may have been deactivated, lost a permission the
+    capability requires, or the row its params name changed hands (the `authorize`
+    check, which gets the params as stored). None when it may run.
     """
-    if job.user_id is None:
-        return None
-    context.user = load_user(job.user_id)
+    if job.user_id is not None:
+        context.user = load_user(job.user_id)
+        if context.user is None:
+            error = WireError(
+                code=ErrorCode.PERMISSION_DENIED,
+                message="The user this call runs for is no longer active.",
+                details={"capability": job.capability},
+            )
+            return lifecycle.Outcome.failed(error)
     spec = registry.get(job.capability)
-    if context.user is None:
-        error = WireError(
-            code=ErrorCode.PERMISSION_DENIED,
-            message="The user this call runs for is no longer active.",
-            details={"capability": job.capability},
-        )
-        return lifecycle.Outcome.failed(error)
-    refused = permissions.user_refusal(spec, context.user) if spec is not None else None
+    refused = None if spec is None else permissions.call_refusal(spec, context.user, job.params)
     return lifecycle.Outcome.failed(refused) if refused is not None else None
 
 

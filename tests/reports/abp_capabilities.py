@@ -1,5 +1,4 @@
 # reports/abp_capabilities.py
-import time
 from dataclasses import dataclass
 
 from capabilities import File, JobContext, capability
@@ -25,7 +24,7 @@ def squares(params: ReportParams, ctx: JobContext) -> Report:
         lines.append(f"{n},{n * n}")
         if n % 100 == 0:
             ctx.report(progress=n, total=params.rows, stage="rows")
-        time.sleep(0.005)  # the slow part of a real report
+        ctx.wait(0.005)  # the slow part of a real report: a cancel ends the wait at once
     data = "\n".join(lines).encode()
     csv = ctx.save_file(data, mime_type="text/csv", filename="squares.csv")
     return Report(rows=params.rows, csv=csv)
