@@ -8,7 +8,7 @@ The admin is the host's: its `admin.site.urls` shows the app's jobs, sessions an
 
 from django.urls import path
 
-from capabilities.web import downloads, health, metrics, views, your_keys
+from capabilities.web import downloads, health, metrics, views, your_jobs, your_keys
 
 urlpatterns = [
     path("abp.json", views.manifest, name="abp-manifest"),
@@ -18,6 +18,12 @@ urlpatterns = [
     # A signed-in user's own agent keys (docs/security.md#keys-a-user-owns).
     path("abp/keys/", your_keys.your_keys, name="abp-your-keys"),
     path("abp/keys/<uuid:key_id>/revoke/", your_keys.revoke, name="abp-revoke-key"),
+    # "Your jobs": a signed-in user's own jobs, and its JSON API (docs/your-jobs.md).
+    # The API's paths have no slash to append: no 301, which would turn a POST into a GET.
+    path("abp/jobs/", your_jobs.page, name="abp-your-jobs"),
+    path("abp/jobs.json", your_jobs.jobs_list, name="abp-your-jobs-json"),
+    path("abp/jobs/<uuid:job_id>.json", your_jobs.job_detail, name="abp-your-job-json"),
+    path("abp/jobs/<uuid:job_id>/cancel", your_jobs.cancel, name="abp-your-job-cancel"),
     # Operators': liveness, readiness, Prometheus (docs/operating.md#health-and-metrics).
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

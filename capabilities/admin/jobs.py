@@ -51,6 +51,37 @@ class CapabilityFilter(admin.SimpleListFilter):
         return queryset.filter(capability=value) if value else queryset
 
 
+class UserFilter(admin.SimpleListFilter):
+    """Jobs of one user, or of none; offered: the users of the latest jobs.
+
+    Not every user of the site (a host may have millions): those of the last
+    RECENT_JOBS jobs, read newest first on an index, plus the one chosen.
+    """
+
+    title = "user"
+    parameter_name = "user"
+    NONE = "none"
+    RECENT_JOBS = 500
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        recent = Job.objects.filter(user__isnull=False).order_by("-created_at")
+        ids = set(recent.values_list("user_id", flat=True)[: self.RECENT_JOBS])
+        chosen = self.value()
+        if chosen and chosen.isdigit():
+            ids.add(int(chosen))
+        users = get_user_model()._default_manager.filter(pk__in=ids)
+        names = sorted((user.get_username(), str(user.pk)) for user in users)
+        return [(self.NONE, "(no user)"), *((pk, name) for name, pk in names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == self.NONE:
+            return queryset.filter(user__isnull=True)
+        if value and value.isdigit():
+            return queryset.filter(user_id=int(value))
+        return queryset
+
+
 class ReadOnlyAdmin(admin.ModelAdmin[Any]):
     """No add, change or delete: state changes go through capabilities.jobs.lifecycle."""
 
@@ -72,6 +103,7 @@ _SECTIONS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
             "call_id",
             "capability",
             "user",
+            "client",
             "door",
             "session_link",
             "status_badge",
@@ -95,6 +127,7 @@ class JobAdmin(ReadOnlyAdmin):
         "call_id",
         "capability",
         "user",
+        "client",
         "door",
         "session_link",
         "status_badge",
@@ -105,7 +138,14 @@ class JobAdmin(ReadOnlyAdmin):
         "worker",
         "cancel_source",
     )
-    list_filter = ("status", CapabilityFilter, "session__door", "cancel_source", "created_at")
+    list_filter = (
+        "status",
+        CapabilityFilter,
+        UserFilter,
+        "session__door",
+        "cancel_source",
+        "created_at",
+    )
     # callId, session id or the start of the agent's name: see get_search_results.
     search_fields = ("call_id",)
     search_help_text = (

@@ -11,7 +11,14 @@ PACKAGE = Path(capabilities.__file__).parent
 
 def test_the_app_ships_no_demo_page() -> None:
     templates = {path.name for path in (PACKAGE / "templates" / "abp").iterdir()}
-    assert templates == {"base.html", "embed.html", "runtime.html"}
+    assert templates == {
+        "base.html",
+        "embed.html",
+        "oauth_consent.html",
+        "runtime.html",
+        "your_jobs.html",
+        "your_keys.html",
+    }
 
 
 def test_the_app_ships_only_the_browser_modules() -> None:
@@ -23,4 +30,5 @@ def test_the_app_ships_only_the_browser_modules() -> None:
         "runtime.js",
         "uploads.js",
         "wire.js",
+        "your_jobs.js",
     }

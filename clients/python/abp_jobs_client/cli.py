@@ -1,4 +1,5 @@
-"""abp-jobs: capabilities and calls from the command line, on the asyncio client.
+"""abp-jobs: capabilities and calls from the command line, on the asyncio client;
+your jobs (the key owner's), listed and cancelled over HTTP.
 
 Exit codes: 0 succeeded, 1 failed (or could not connect), 2 bad usage, 3 cancelled,
 4 timed out, 130 a second Ctrl-C (left at once, without waiting).
@@ -14,10 +15,11 @@ import os
 import signal
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
-from abp_jobs_client import cli_params
+from abp_jobs_client import cli_params, jobs_api
 from abp_jobs_client.client import AsyncClient
 from abp_jobs_client.errors import ABPError, CallCancelled, CallTimedOut
 from abp_jobs_client.messages import Blob, Progress, Result
@@ -44,6 +46,20 @@ EXAMPLES = {
 A parameter is NAME=VALUE (a JSON value where the schema wants one), or NAME=@FILE
 (text, or a file object for a binary parameter). Ctrl-C cancels the call and waits
 for the server's confirmation; a second Ctrl-C quits at once.""",
+    "jobs": """examples:
+  abp-jobs jobs
+  abp-jobs jobs --status active
+  abp-jobs jobs --json | jq -r '.jobs[] | select(.active) | .id'
+
+The jobs of the key's owner, from every door, newest first (as on /abp/jobs/).""",
+    "cancel": """examples:
+  abp-jobs cancel 0b5e7c3a-4f1d-4c55-9e2b-6d8f0a1b2c3d
+  abp-jobs cancel 0b5e7c3a-4f1d-4c55-9e2b-6d8f0a1b2c3d --reason 'started by mistake'
+
+Cancels one of the key owner's jobs, whichever door started it: its work stops, and
+the agent that started it gets its call-result, cancelled by "user". Exits 0 once the
+job is not running (cancelled now, or settled before), 1 if no job of yours has this
+id or the key was refused.""",
 }
 
 
@@ -93,7 +109,36 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("-o", "--output", type=Path, help="write the result's file here")
     call.add_argument("--timeout", type=float, help="seconds (the server's default otherwise)")
     call.set_defaults(run=_call)
+    jobs = commands.add_parser(
+        "jobs",
+        help="list your jobs (the key owner's), newest first",
+        epilog=EXAMPLES["jobs"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[after],
+    )
+    jobs.add_argument(
+        "--status", help="queued, running, succeeded, failed, cancelled, active, settled"
+    )
+    jobs.add_argument("--limit", type=int, help="at most this many (the server's page otherwise)")
+    jobs.set_defaults(run=_jobs)
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel one of your jobs",
+        epilog=EXAMPLES["cancel"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[after],
+    )
+    cancel.add_argument("job_id", type=_job_id, metavar="JOB_ID")
+    cancel.add_argument("--reason", default="", help="kept on the job, for the admin")
+    cancel.set_defaults(run=_cancel)
     return parser
+
+
+def _job_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a job id (a UUID): {text!r}") from None
 
 
 def _options(*, defaults: bool) -> argparse.ArgumentParser:
@@ -154,6 +199,46 @@ async def _call(args: argparse.Namespace) -> int:
                 return CANCELLED
         bar.stop()
         return _outcome(args, answer)
+
+
+async def _jobs(args: argparse.Namespace) -> int:
+    page = await asyncio.to_thread(
+        jobs_api.list_jobs, args.url, args.key, status=args.status, limit=args.limit
+    )
+    if args.json:
+        print(json.dumps(page, indent=2))
+        return OK
+    rows = [
+        (job["id"], job["status"], job["capability"], job["door"], _progress(job), job["createdAt"])
+        for job in page["jobs"]
+    ]
+    header = ("ID", "STATUS", "CAPABILITY", "DOOR", "PROGRESS", "CREATED")
+    widths = [max(len(str(row[n])) for row in (header, *rows)) for n in range(len(header))]
+    for row in (header, *rows):
+        cells = (f"{cell!s:<{width}}" for cell, width in zip(row, widths, strict=True))
+        print("  ".join(cells).rstrip())
+    if page.get("nextCursor"):
+        print(f"(the newest {len(rows)}; --limit shows up to 100)", file=sys.stderr)
+    return OK
+
+
+def _progress(job: dict[str, Any]) -> str:
+    done, total = job.get("progress"), job.get("progressTotal")
+    shown = f"{done:g}/{total:g}" if done is not None and total else ""
+    return f"{shown} {job.get('stage') or ''}".strip() or "-"
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    answer = await asyncio.to_thread(
+        jobs_api.cancel_job, args.url, args.key, args.job_id, args.reason
+    )
+    if args.json:
+        print(json.dumps(answer))
+    elif answer["cancelled"]:
+        print(f"cancelled {answer['id']}")
+    else:
+        print(f"{answer['id']} had already settled ({answer['status']}): nothing to cancel")
+    return OK
 
 
 def _outcome(args: argparse.Namespace, answer: asyncio.Future[Result]) -> int:
