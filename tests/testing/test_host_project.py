@@ -20,6 +20,15 @@ tutorial's own stack tests, its `conftest.py` with the pytest plugin and its tes
 file, copied from the page into the project and run there by pytest, each run starting
 a stack of its own.
 
+Whose call it is: the project also gets the docs' `notes` app (the model of
+tests/notes, the page's `abp_capabilities.py` and views), whose capabilities read
+`ctx.user`, require permissions and check that the note named is the caller's. Users
+made in the project, each with a key of their own (`create_agent_key --user`), call
+them through the Python client: each exports only their own notes, a user without the
+permission and a rename of another's note are refused PERMISSION_DENIED with no job
+row, and the page's view, run in the project's own process (`manage.py shell`),
+enqueues an export for the signed-in user and reads its result.
+
 The worker has one child, so a call that finishes after a cancelled one proves the
 cancelled one's loop is over: had it not stopped, it would have run to its end and
 saved its whole CSV first.
@@ -45,11 +54,12 @@ import abp_jobs_client
 import anyio
 import django
 import pytest
-from abp_jobs_client import CallCancelled, Progress
+from abp_jobs_client import ABPError, CallCancelled, Progress
 from packaging.version import Version
 from playwright.sync_api import sync_playwright
 
 import capabilities
+from capabilities.testing import live
 from capabilities.testing.live import LiveStack
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 from tests.support.mcp_clients import official_client
@@ -61,7 +71,7 @@ pytestmark = pytest.mark.stack
 DOCS = ROOT / "docs"
 ROWS = 5000  # 25 s of the tutorial's work: always cancelled long before its end
 FILE_BLOCK = re.compile(
-    r"```python\n# (mysite/[\w.]+|reports/[\w.]+|conftest\.py)([^\n]*)\n(.*?)```", re.S
+    r"```python\n# ((?:mysite|reports|notes)/[\w.]+|conftest\.py)([^\n]*)\n(.*?)```", re.S
 )
 TEMPLATE_BLOCK = re.compile(r"```html\n\{# (reports/templates/[\w./]+) #\}\n(.*?)```", re.S)
 INSTALL_LINE = re.compile(r"\*\*Install\.\*\*.*?```sh\n(pip install [^\n]+)\n```", re.S)
@@ -90,6 +100,8 @@ def documented_files() -> dict[str, tuple[str, str]]:
         "reports/templates/reports/home.html",
         "conftest.py",
         LIVE_TESTS,
+        "notes/abp_capabilities.py",
+        "notes/views.py",
     } <= set(found)
     return found
 
@@ -234,8 +246,11 @@ def write_project(python: Path, folder: Path, env: dict[str, str]) -> None:
     project = folder / "project"
     project.mkdir()
     run(python, "-m", "django", "startproject", "mysite", str(project), cwd=folder, env=env)
-    (project / "reports").mkdir()
-    (project / "reports" / "__init__.py").write_text("")
+    for app in ("reports", "notes"):
+        (project / app).mkdir()
+        (project / app / "__init__.py").write_text("")
+    # The notes example's model, which the page describes in words.
+    shutil.copy(ROOT / "tests" / "notes" / "models.py", project / "notes" / "models.py")
     for name, (how, code) in documented_files().items():
         if name == "mysite/settings.py":
             assert how == "at the end"
@@ -246,6 +261,9 @@ def write_project(python: Path, folder: Path, env: dict[str, str]) -> None:
             assert how == ""
             (project / name).parent.mkdir(parents=True, exist_ok=True)
             (project / name).write_text(code)
+    with (project / "mysite" / "settings.py").open("a") as settings:
+        settings.write('\nINSTALLED_APPS += ["notes"]\n')
+    run(python, "manage.py", "makemigrations", "notes", cwd=project, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -492,3 +510,170 @@ def test_the_tutorial_s_stack_tests_pass_in_the_project_with_the_pytest_plugin(
     assert job["progress"] < job["progress_total"] == 5000
     reports = saved_reports(stack / "media")
     assert [data.count(b"\n") for data in reports] == [301]  # the finished call's alone
+
+
+# -- whose call it is: users, their keys, permissions, the object check, .enqueue() --------
+
+PEOPLE = """
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from notes.models import Note
+
+rights = Permission.objects.filter(
+    content_type__app_label="notes", codename__in=["view_note", "change_note"]
+)
+users = get_user_model().objects
+for name in ("ann", "bob", "eve"):
+    made = users.create_user(username=name)
+    if name != "eve":
+        made.user_permissions.set(rights)
+for owner, title in (("ann", "ann 1"), ("ann", "ann 2"), ("bob", "bob 1")):
+    Note.objects.create(owner=users.get(username=owner), title=title)
+"""
+
+# The page's views, as the project's own code runs them: ann starts an export and
+# reads it until it settles; eve, without the permission, is refused; bob cannot
+# read ann's job.
+VIEWS = """
+import json
+import time
+
+from django.contrib.auth import get_user_model
+from django.test import RequestFactory
+from notes import views
+
+users, factory = get_user_model().objects, RequestFactory()
+
+
+def as_user(request, name):
+    request.user = users.get(username=name)
+    return request
+
+
+started = views.start_export(as_user(factory.post("/notes/export/"), "ann"))
+job = json.loads(started.content)["job"]
+deadline = time.monotonic() + 60
+answer = {}
+while time.monotonic() < deadline:
+    answer = json.loads(views.export_status(as_user(factory.get("/"), "ann"), job).content)
+    if answer["status"] not in ("queued", "running"):
+        break
+    time.sleep(0.1)
+refused = views.start_export(as_user(factory.post("/notes/export/"), "eve"))
+print(json.dumps({
+    "started": started.status_code,
+    "answer": answer,
+    "refused": [refused.status_code, json.loads(refused.content)["code"]],
+    "bob_reads_it": views.export_status(as_user(factory.get("/"), "bob"), job).status_code,
+}))
+"""
+
+
+def manage(host: Host, *args: str) -> str:
+    """`manage.py` in the project, on its stack's settings (database, Redis, broker)."""
+    stack = host.stack
+    env = {
+        **host.env,
+        "DJANGO_SETTINGS_MODULE": live.SETTINGS_MODULE,
+        "PYTHONPATH": os.pathsep.join([str(stack.run_dir / "python"), str(host.project)]),
+        "REDIS_URL": stack.redis_url,
+        "CELERY_BROKER_URL": stack.redis_url,
+    }
+    return run(host.python, "manage.py", *args, cwd=host.project, env=env)
+
+
+@pytest.fixture(scope="module")
+def keys(host: Host) -> dict[str, str]:
+    """ann, bob (both may view and change notes) and eve (neither): a key each."""
+    manage(host, "shell", "-c", PEOPLE)
+    return {
+        name: manage(host, "create_agent_key", f"{name}'s agent", "--user", name, "--quiet").strip()
+        for name in ("ann", "bob", "eve")
+    }
+
+
+def stack_rows(host: Host, sql: str, *args: str) -> list[tuple[Any, ...]]:
+    assert host.stack.database is not None
+    with closing(sqlite3.connect(host.stack.database, timeout=20)) as db:
+        return db.execute(sql, args).fetchall()
+
+
+def jobs_of(host: Host, username: str) -> int:
+    ((count,),) = stack_rows(
+        host,
+        "SELECT COUNT(*) FROM capabilities_job AS job JOIN auth_user AS u"
+        " ON job.user_id = u.id WHERE u.username = ?",
+        username,
+    )
+    return int(count)
+
+
+def note_id(host: Host, title: str) -> int:
+    ((found,),) = stack_rows(host, "SELECT id FROM notes_note WHERE title = ?", title)
+    return int(found)
+
+
+def refusal(host: Host, key: str, capability: str, params: dict[str, Any], call_id: str) -> Any:
+    """The error a call is refused with; that it left no job row."""
+    with abp_jobs_client.Client(host.stack.url, key=key) as client:
+        handle = client.start(capability, params, call_id=call_id)
+        with pytest.raises(ABPError) as refused:
+            handle.result(timeout=30)
+    assert not stack_rows(host, "SELECT id FROM capabilities_job WHERE call_id = ?", call_id)
+    return refused.value
+
+
+def test_two_users_each_export_only_their_own_notes(host: Host, keys: dict[str, str]) -> None:
+    for name, titles in (("ann", ["ann 1", "ann 2"]), ("bob", ["bob 1"])):
+        with abp_jobs_client.Client(host.stack.url, key=keys[name]) as client:
+            result = client.call("notes.export", {}, timeout=60)
+        assert result.data["notes"] == len(titles)
+        rows = result.data["csv"].content.decode().splitlines()[1:]
+        assert [row.split(",", 1)[1] for row in rows] == titles
+    assert jobs_of(host, "ann") >= 1
+
+
+def test_a_user_without_the_permission_is_refused_before_anything_is_stored(
+    host: Host, keys: dict[str, str]
+) -> None:
+    error = refusal(host, keys["eve"], "notes.export", {}, "eve-export")
+    assert error.code == "PERMISSION_DENIED"
+    assert error.details == {"capability": "notes.export", "missing": ["notes.view_note"]}
+    assert jobs_of(host, "eve") == 0
+
+
+def test_the_object_check_refuses_another_users_note_and_lets_one_rename_their_own(
+    host: Host, keys: dict[str, str]
+) -> None:
+    anns = note_id(host, "ann 1")
+    error = refusal(
+        host, keys["bob"], "notes.rename", {"note_id": anns, "title": "bob's"}, "bob-takes-ann"
+    )
+    assert error.code == "PERMISSION_DENIED"
+    assert error.details == {"capability": "notes.rename", "reason": f"note {anns} is not yours"}
+    bobs = note_id(host, "bob 1")
+    with abp_jobs_client.Client(host.stack.url, key=keys["bob"]) as client:
+        renamed = client.call("notes.rename", {"note_id": bobs, "title": "bob 1"}, timeout=60)
+    assert renamed.data == {"note_id": bobs, "title": "bob 1"}
+    assert stack_rows(host, "SELECT title FROM notes_note WHERE id = ?", str(anns)) == [("ann 1",)]
+
+
+def test_the_projects_view_enqueues_for_the_signed_in_user_and_reads_the_result(
+    host: Host, keys: dict[str, str]
+) -> None:
+    eve_before = jobs_of(host, "eve")
+    said = json.loads(manage(host, "shell", "-c", VIEWS).strip().splitlines()[-1])
+    assert said["started"] == 202
+    assert said["answer"]["status"] == "succeeded", said
+    assert said["answer"]["notes"] == 2  # ann's own two
+    assert said["refused"] == [403, "PERMISSION_DENIED"]
+    assert said["bob_reads_it"] == 404  # a job's id is no credential
+    assert jobs_of(host, "eve") == eve_before
+    ((door, closed),) = stack_rows(
+        host,
+        "SELECT session.door, session.closed_at IS NOT NULL FROM capabilities_job AS job"
+        " JOIN capabilities_agentsession AS session ON job.session_id = session.id"
+        " WHERE job.id = ?",
+        said["answer"]["job"].replace("-", ""),
+    )
+    assert (door, closed) == ("app", 1)
