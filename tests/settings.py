@@ -10,3 +10,9 @@ from abpsite.settings import *  # noqa: F403
 from abpsite.settings import INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.reports", "tests.notes"]
+
+# CIMD documents from tests/testapp/cimd_documents.py: the real fetcher refuses loopback.
+OAUTH2_PROVIDER = {
+    **OAUTH2_PROVIDER,  # noqa: F405
+    "CIMD_METADATA_FETCHER": "tests.testapp.cimd_documents.FixtureFetcher",
+}

@@ -85,4 +85,12 @@ def is_loopback(host: str) -> bool:
 def redirect_host(uri: str) -> str:
     """The host a redirect URI sends the user back to, as the consent page shows it."""
     parts = urlsplit(uri)
-    return parts.hostname or f"{parts.scheme}:" if uri else ""
+    return (parts.hostname or f"{parts.scheme}:") if uri else ""
+
+
+def redirect_origin(uri: str) -> str:
+    """A redirect URI's origin as a CSP source: `https://host:port`, or `scheme:`."""
+    parts = urlsplit(uri)
+    if not uri:
+        return ""
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else f"{parts.scheme}:"

@@ -50,8 +50,20 @@ class ConsentView(AuthorizationView):  # type: ignore[misc]
 
     template_name = "abp/oauth_consent.html"
 
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response: HttpResponse = super().get(request, *args, **kwargs)
+        target = registration.redirect_origin(self._redirect_uri())
+        if target:
+            # The form's answer redirects to the client: a Content-Security-Policy
+            # `form-action 'self'` (django-csp's, where the host has it) would stop
+            # the browser there, so the consent page allows the client's origin too.
+            response._csp_update = {"form-action": [target]}  # type: ignore[attr-defined]
+        return response
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context: dict[str, Any] = super().get_context_data(**kwargs)
-        redirect_uri = str(self.oauth2_data.get("redirect_uri", "") or "")
-        context["redirect_host"] = registration.redirect_host(redirect_uri)
+        context["redirect_host"] = registration.redirect_host(self._redirect_uri())
         return context
+
+    def _redirect_uri(self) -> str:
+        return str(getattr(self, "oauth2_data", {}).get("redirect_uri", "") or "")
