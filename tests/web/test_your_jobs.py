@@ -277,3 +277,18 @@ def test_the_api_paths_are_never_redirected_and_other_methods_are_405(stops: Sto
     # No slash to append: a path with one is simply not found.
     assert client.post(cancel_url(job.id) + "/").status_code == 404
     assert Job.objects.get(pk=job.id).status == JobStatus.CANCELLED
+
+
+def test_an_access_token_for_the_site_acts_for_its_user_and_one_for_mcp_does_not(
+    stops: Stops,
+) -> None:
+    from tests.access.test_oauth_tokens import issued
+
+    owner = new_user()
+    job = job_for(owner, door=Door.MCP)
+    site = with_key(issued(owner, resource=[f"http://{HOST}/"]))
+    assert [entry["id"] for entry in site.get(LIST).json()["jobs"]] == [str(job.id)]
+    assert site.post(cancel_url(job.id)).json()["cancelled"] is True
+    # A token issued for /mcp is MCP's: not taken here (RFC 8707, no passthrough).
+    mcp_only = with_key(issued(owner, resource=[f"http://{HOST}/mcp"]))
+    assert mcp_only.get(LIST).status_code == 401
