@@ -5,7 +5,8 @@ external server's by introspection (RFC 7662, `RESOURCE_SERVER_INTROSPECTION_URL
 expiry, revocation and the RFC 8707 audience. It lets a token issued for no resource
 through ("unrestricted"); MCP says a server MUST accept only tokens issued for it, so
 here a token must name a resource, and the URL it is presented at must fall under it
-(docs/security.md#oauth-for-mcp-clients).
+(docs/security.md#oauth-for-mcp-clients). An external server's JWTs are checked
+against its JWKS instead (access/jwt_tokens.py), under the same rule.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.apps import apps
+
+from capabilities.access import jwt_tokens
 
 # The one scope the app defines: call capabilities, and see and cancel your own jobs.
 JOBS_SCOPE = "jobs"
@@ -62,6 +65,13 @@ def verify(token: str, resource: str) -> Grant:
     from oauth2_provider.settings import oauth2_settings
     from oauthlib.common import Request
 
+    if jwt_tokens.enabled() and jwt_tokens.looks_like_jwt(token):
+        covers = oauth2_settings.RESOURCE_SERVER_TOKEN_RESOURCE_VALIDATOR
+        try:
+            user_id, client_id, scopes = jwt_tokens.verify(token, resource, covers)
+        except jwt_tokens.JwtRefused as refused:
+            raise TokenRefused(refused.reason) from refused
+        return Grant(user_id=user_id, client_id=client_id, scopes=scopes)
     request = Request(uri=resource)
     validator = oauth2_settings.OAUTH2_VALIDATOR_CLASS()
     if not validator.validate_bearer_token(token, [], request):

@@ -222,6 +222,13 @@ class AbpSettings(_Frozen):
     # (docs/security.md#keys-a-user-owns); checked before a key is stored. Staff
     # making keys in the admin or with create_agent_key are not bound by it.
     MAX_KEYS_PER_USER: Count = 20
+    # OAuth access tokens that are JWTs of an external authorization server, checked
+    # against its JWKS (docs/security.md#oauth-for-mcp-clients): its issuer, where its
+    # keys are, and the claim that names the Django user (by USERNAME_FIELD). Off
+    # while OAUTH_JWKS_URL is empty.
+    OAUTH_JWT_ISSUER: str = ""
+    OAUTH_JWKS_URL: str = ""
+    OAUTH_JWT_USERNAME_CLAIM: str = Field(default="sub", min_length=1)
     # Page tokens are handed to anyone who loads a page, so they get a smaller budget:
     # calls queued or running per client address, calls per minute, the largest call (bytes
     # of its JSON params), the longest timeout, and which capabilities (empty: all).
