@@ -1,4 +1,7 @@
-"""The demo project's own pages: `/` and the demo. They get `window.abp` from abp/base.html."""
+"""The demo project's own page, `/`: it gets `window.abp` from abp/base.html.
+
+The demo's forms are the app's console (`/abp/console/`, capabilities/web/console.py).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +19,3 @@ def index(request: HttpRequest) -> HttpResponse:
     """The home page: what the app offers, to agents and to people."""
     context = {"app": app_info(), "websocket_path": WEBSOCKET_PATH, "specs": registry.all_specs()}
     return render(request, "abpsite/home.html", context)
-
-
-@require_GET
-def demo(request: HttpRequest) -> HttpResponse:
-    """A page for people: it embeds the bridge and runs jobs through it with client.js."""
-    return render(request, "abpsite/demo.html", {"app": app_info()})

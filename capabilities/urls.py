@@ -8,13 +8,14 @@ The admin is the host's: its `admin.site.urls` shows the app's jobs, sessions an
 
 from django.urls import path
 
-from capabilities.web import downloads, health, metrics, views, your_jobs, your_keys
+from capabilities.web import console, downloads, health, metrics, views, your_jobs, your_keys
 
 urlpatterns = [
     path("abp.json", views.manifest, name="abp-manifest"),
     path("abp/embed/", views.embed, name="abp-embed"),
     path("abp/page-token/", views.page_token, name="abp-page-token"),
     path("abp/files/<str:token>/<str:filename>", downloads.download, name="abp-download"),
+    path("abp/console/", console.console, name="abp-console"),
     # A signed-in user's own agent keys (docs/security.md#keys-a-user-owns).
     path("abp/keys/", your_keys.your_keys, name="abp-your-keys"),
     path("abp/keys/<uuid:key_id>/revoke/", your_keys.revoke, name="abp-revoke-key"),

@@ -1,8 +1,8 @@
-"""Take docs/demo.png: the demo page after a PDF export, an image and a cancelled export.
+"""Take docs/demo.png: the console after a cancelled export, a Markdown call and an image.
 
     .venv/bin/python docs/demo_screenshot.py
 
-Starts its own stack (as the tests do) and Debian's Chromium.
+Starts its own stack (as the tests do) and Debian's Chromium, and signs a user in.
 """
 
 from __future__ import annotations
@@ -30,38 +30,70 @@ def fractal() -> bytes:
     return buffer.getvalue()
 
 
+MARKDOWN = """# Quarterly report
+
+Revenue grew **12%** over the quarter; costs stayed flat.
+
+| Region | Revenue | Change |
+|--------|---------|--------|
+| North  | 4.2 M   | +9%    |
+| South  | 3.1 M   | +17%   |
+"""
+
+
+def long_document(pages: int) -> str:
+    """HTML of `pages` pages, for an export that runs long enough to cancel."""
+    page = "<section style='page-break-after: always'><h1>Page {}</h1><p>{}</p></section>"
+    body = "".join(page.format(n, "Lorem ipsum dolor sit amet. " * 40) for n in range(pages))
+    return f"<!doctype html><html><body>{body}</body></html>"
+
+
 def main() -> None:
-    """Run the three jobs in the demo and take the picture."""
+    """Run the three jobs in the console and take the picture."""
     stack = environment.prepare("abp-screenshot-")
+    from django.contrib.auth import get_user_model
     from playwright.sync_api import FilePayload, sync_playwright
 
     from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 
+    get_user_model().objects.create_user(username="ada", password="screenshot-only")
     try:
         stack.start()
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1200, "height": 1820})
-            page.goto(f"{stack.http_url}/abp/demo/")
+            page = browser.new_page(viewport={"width": 1200, "height": 1600})
+            page.goto(f"{stack.http_url}/abp/console/")
+            page.fill("#id_username", "ada")
+            page.fill("#id_password", "screenshot-only")
+            page.click("button[type=submit]")
             page.wait_for_selector("#connection[data-state=ready]")
-            page.fill("input[name=pages]", "3")
-            page.click("#pdf-form button[type=submit]")
-            page.wait_for_selector(".job[data-status=succeeded] iframe.pdf")
-            upload = FilePayload(name="fractal.png", mimeType="image/png", buffer=fractal())
-            page.set_input_files("#image-file", files=[upload])
-            page.select_option("select[name=operation]", "sharpen")
-            page.click("#image-form button[type=submit]")
-            page.wait_for_selector(".job[data-status=succeeded] img.picture")
-            page.fill("input[name=pages]", "300")
-            page.click("#pdf-form button[type=submit]")
+            page.click("#capability-list li[data-capability='export.pdf'] a")
+            form = "form[data-capability='export.pdf']"
+            page.fill(f"{form} textarea[name=html]", long_document(300))
+            page.click(f"{form} button[type=submit]")
             page.wait_for_function(
-                "() => Number(document.querySelector('.job').dataset.percentage || 0) > 12"
+                "() => /layout [0-9]{2}/.test(document.querySelector('.abp-run-stage').textContent)"
             )
-            page.locator(".job").first.locator(".job-cancel").click()
-            page.wait_for_selector(".job[data-status=cancelled]")
-            # Chromium's PDF viewer paints on its own time; this is a picture, not a test.
-            page.wait_for_timeout(2500)
-            # A viewport shot: a full-page one resizes the view and loses the PDF's paint.
+            page.locator(".abp-run").first.locator(".abp-run-cancel").click()
+            page.wait_for_selector(".abp-run:first-child[data-status=cancelled]")
+
+            page.click("#capability-list li[data-capability='convert.markdownToHtml'] a")
+            form = "form[data-capability='convert.markdownToHtml']"
+            page.fill(f"{form} textarea[name=markdown]", MARKDOWN)
+            page.click(f"{form} button[type=submit]")
+            page.wait_for_selector(".abp-run:first-child[data-status=succeeded]")
+
+            page.click("#capability-list li[data-capability='process.image'] a")
+            form = "form[data-capability='process.image']"
+            upload = FilePayload(name="fractal.png", mimeType="image/png", buffer=fractal())
+            page.set_input_files(f"{form} input[name=image]", files=[upload])
+            page.click(f"{form} [data-path=operations] .abp-add")
+            page.select_option(f"{form} select[name='operations.0']", label="sharpen")
+            page.click(f"{form} button[type=submit]")
+            page.wait_for_function(
+                "() => document.querySelector('.abp-run:first-child img')?.complete === true"
+            )
+            page.evaluate("() => window.scrollTo(0, 0)")
             page.screenshot(path=str(OUTPUT))
             browser.close()
     finally:

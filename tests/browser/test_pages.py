@@ -53,7 +53,7 @@ def test_embed_page_may_be_framed_by_allowed_origins_only(
     assert config["tokenMaxAgeSeconds"] == 600
     assert b'rel="abp-manifest" href="/abp.json"' in body
     # Every other page keeps Django's DENY.
-    for path in ("/", "/abp/demo/"):
+    for path in ("/", "/abp/console/"):
         assert fetch(f"{stack.http_url}{path}")[1]["X-Frame-Options"] == "DENY"
 
 
@@ -68,17 +68,42 @@ def test_page_token_url_gives_a_fresh_token_never_cached(stack: Stack) -> None:
     assert answer["token"] != json.loads(fetch(f"{stack.http_url}/abp/page-token/")[2])["token"]
 
 
-def test_demo_page_embeds_the_bridge_and_has_the_runtime(stack: Stack) -> None:
-    status, _, body = fetch(f"{stack.http_url}/abp/demo/")
-    assert status == 200
-    assert b'<iframe id="bridge"' in body
-    assert b'src="/abp/embed/"' in body
-    assert body.index(b"/static/abp/runtime.js") < body.index(b"/static/abpsite/demo.js")
-    assert b'href="/abp/demo/"' in fetch(f"{stack.http_url}/")[2]
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def location(url: str) -> tuple[int, str]:
+    """The status and Location of a redirect, not followed."""
+    opener = urllib.request.build_opener(_NoRedirects)
+    try:
+        with opener.open(url, timeout=10) as response:
+            return response.status, ""
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Location", "")
+
+
+def test_the_demo_is_the_console_for_signed_in_people(stack: Stack) -> None:
+    assert location(f"{stack.http_url}/abp/demo/") == (302, "/abp/console/")
+    assert location(f"{stack.http_url}/abp/console/") == (
+        302,
+        "/accounts/login/?next=/abp/console/",
+    )
+    assert b'href="/abp/console/"' in fetch(f"{stack.http_url}/")[2]
 
 
 @pytest.mark.parametrize(
-    "name", ["runtime.js", "client.js", "page_token.js", "wire.js", "bridge.js", "uploads.js"]
+    "name",
+    [
+        "runtime.js",
+        "client.js",
+        "page_token.js",
+        "wire.js",
+        "bridge.js",
+        "uploads.js",
+        "console.js",
+        "console_form.js",
+    ],
 )
 def test_browser_modules_are_served_as_javascript_to_any_origin(stack: Stack, name: str) -> None:
     url = f"{stack.http_url}/static/abp/{name}"
@@ -107,14 +132,13 @@ def test_nothing_else_is_served_from_there(stack: Stack, path: str) -> None:
 
 
 def test_the_demos_own_files_are_served_beside_the_apps(stack: Stack) -> None:
-    status, headers, body = fetch(f"{stack.http_url}/static/abpsite/demo.js")
+    status, headers, _ = fetch(f"{stack.http_url}/static/abpsite/site.css")
     assert status == 200
-    assert headers["Content-Type"].split(";")[0] == "text/javascript"
-    assert body.startswith(b"// @ts-check")
-    # It imports the app's modules from their own folder.
-    assert b'from "../abp/client.js"' in body
-    _, headers, _ = fetch(f"{stack.http_url}/static/abpsite/site.css")
     assert headers["Content-Type"].split(";")[0] == "text/css"
+    _, headers, _ = fetch(f"{stack.http_url}/static/abp/console.css")
+    assert headers["Content-Type"].split(";")[0] == "text/css"
+    # The demo's forms are the app's console now: no script of its own.
+    assert fetch(f"{stack.http_url}/static/abpsite/demo.js")[0] == 404
     # Nothing of the demo's is left under the app's folder.
     for name in ("demo.js", "abp.css"):
         assert fetch(f"{stack.http_url}/static/abp/{name}")[0] == 404

@@ -13,6 +13,7 @@ def test_the_app_ships_no_demo_page() -> None:
     templates = {path.name for path in (PACKAGE / "templates" / "abp").iterdir()}
     assert templates == {
         "base.html",
+        "console.html",
         "embed.html",
         "oauth_consent.html",
         "runtime.html",
@@ -26,6 +27,9 @@ def test_the_app_ships_only_the_browser_modules() -> None:
     assert assets - {".gitkeep"} == {
         "bridge.js",
         "client.js",
+        "console.css",
+        "console.js",
+        "console_form.js",
         "page_token.js",
         "runtime.js",
         "uploads.js",
