@@ -316,3 +316,26 @@ def test_the_renderer_draws_each_kind_and_json_for_the_rest(page: Page, stack: S
     assert value["tags"] == ["b"]
     assert (value["maybe"], value["when"]) == ("hi", "2026-12-07")
     assert "ratio" not in value
+
+
+RECURSIVE: dict[str, Any] = {
+    "$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}},
+    "$ref": "#/$defs/Node",
+}
+
+
+def test_a_recursive_schema_is_drawn_to_a_bounded_depth_then_as_json(
+    page: Page, stack: Stack
+) -> None:
+    page.goto(f"{stack.http_url}/")
+    kinds = dict(page.evaluate(RENDER, RECURSIVE))
+    depth = page.evaluate("async () => (await import('/static/abp/console_schema.js')).MAX_DEPTH")
+    nested = ".".join(["next"] * depth)
+    assert kinds[nested] == "object"
+    assert kinds[f"{nested}.next"] == "json"
+    assert len(kinds) == depth + 2  # the root, `depth` objects, the JSON at the end
+    page.fill(f"textarea[name='{nested}.next']", '{"next": null}')
+    value = page.evaluate(READ)["value"]
+    for _ in range(depth + 1):
+        value = value["next"]
+    assert value == {"next": None}

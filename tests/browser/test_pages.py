@@ -103,6 +103,7 @@ def test_the_demo_is_the_console_for_signed_in_people(stack: Stack) -> None:
         "uploads.js",
         "console.js",
         "console_form.js",
+        "console_schema.js",
     ],
 )
 def test_browser_modules_are_served_as_javascript_to_any_origin(stack: Stack, name: str) -> None:

@@ -30,6 +30,7 @@ def test_the_app_ships_only_the_browser_modules() -> None:
         "console.css",
         "console.js",
         "console_form.js",
+        "console_schema.js",
         "page_token.js",
         "runtime.js",
         "uploads.js",
