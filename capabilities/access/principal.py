@@ -7,6 +7,7 @@ from typing import Literal
 
 from capabilities.conf import abp_settings
 from capabilities.models import AgentKey
+from capabilities.work import registry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,14 +103,22 @@ class Principal:
             return min(capability_max_ms, abp_settings().PAGE_TOKEN_MAX_TIMEOUT_MS)
         return capability_max_ms
 
+    def missing_scopes(self, capability: str) -> tuple[str, ...]:
+        """The OAuth scopes the capability needs that this token lacks (none for others)."""
+        spec = registry.get(capability) if self.kind == "token" else None
+        return tuple(scope for scope in spec.scopes if scope not in self.scopes) if spec else ()
+
     def may_call(self, capability: str) -> bool:
         """Whether this principal may call the capability at all (no I/O).
 
-        A key with scopes, only those; an anonymous page, only the page-token list.
-        Django permissions are checked later, with the user (access/permissions.py).
+        A key with scopes, only those; an access token, those whose OAuth scopes it
+        carries; an anonymous page, only the page-token list. Django permissions are
+        checked later, with the user (access/permissions.py).
         """
         if self.key is not None and self.key.scopes:
             return capability in self.key.scopes
+        if self.kind == "token":
+            return not self.missing_scopes(capability)
         if self.kind != "page" or self.user_id is not None:
             return True
         allowed = abp_settings().PAGE_TOKEN_CAPABILITIES

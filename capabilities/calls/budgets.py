@@ -56,6 +56,14 @@ class NotPermitted(Refused):
 def call_refusal(principal: Principal, capability: str, params: dict[str, Any]) -> WireError | None:
     """Why this principal may not make this call at all (no I/O), or None."""
     if not principal.may_call(capability):
+        if principal.kind == "token":
+            missing = list(principal.missing_scopes(capability))
+            return WireError(
+                code=ErrorCode.PERMISSION_DENIED,
+                message=f"This access token lacks the scopes {capability} needs: "
+                f"{' '.join(missing)}.",
+                details={"capability": capability, "missingScopes": missing},
+            )
         if principal.key is not None:
             return WireError(
                 code=ErrorCode.PERMISSION_DENIED,

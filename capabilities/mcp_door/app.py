@@ -30,7 +30,7 @@ from capabilities.access import credentials, oauth_tokens
 from capabilities.access.principal import Principal
 from capabilities.conf import abp_settings
 from capabilities.jsonrpc.error_codes import jsonrpc_error
-from capabilities.mcp_door import challenges, server, sessions
+from capabilities.mcp_door import challenges, scope_checks, server, sessions
 from capabilities.mcp_door.tool_calls import PRINCIPAL_SCOPE_KEY
 from capabilities.protocol import ErrorCode
 from capabilities.protocol.closes import REFUSAL_MESSAGES
@@ -78,6 +78,14 @@ class MCPDoor:
             await refused(scope, receive, send)
             return
         assert principal is not None
+        if scope_checks.needs_checking(scope, principal):
+            body, receive = await scope_checks.read_ahead(receive)
+            missing = scope_checks.missing_scopes(principal, body)
+            if missing:
+                await _refusal(scope, "insufficient-scope", principal.scopes + missing)(
+                    scope, receive, send
+                )
+                return
         scope[PRINCIPAL_SCOPE_KEY] = principal
         # The session manager binds each session to the credential that opened it.
         scope["user"] = AuthenticatedUser(
@@ -149,9 +157,9 @@ def _unavailable() -> Response:
     )
 
 
-def _refusal(scope: Scope, reason: str) -> Response:
+def _refusal(scope: Scope, reason: str, needed: tuple[str, ...] = ()) -> Response:
     # The code ACP gives "authentication required", from the one table.
-    status, challenge = challenges.challenge(scope, reason)
+    status, challenge = challenges.challenge(scope, reason, needed)
     return _error_response(
         ErrorCode.PERMISSION_DENIED,
         REFUSAL_MESSAGES[reason],

@@ -24,8 +24,14 @@ _ERRORS = {
 }
 
 
-def challenge(scope: Mapping[str, Any], reason: str) -> tuple[int, str]:
-    """The HTTP status and `WWW-Authenticate` value refusing a request for `reason`."""
+def challenge(
+    scope: Mapping[str, Any], reason: str, needed: tuple[str, ...] = ()
+) -> tuple[int, str]:
+    """The HTTP status and `WWW-Authenticate` value refusing a request for `reason`.
+
+    `needed`: every scope the request needs, when that is more than `jobs` (a call to
+    a capability that declares scopes): named in one challenge, as MCP asks.
+    """
     error = _ERRORS.get(reason, "invalid_token")
     status = 403 if error == "insufficient_scope" else 401
     parts = ["Bearer"]
@@ -34,7 +40,8 @@ def challenge(scope: Mapping[str, Any], reason: str) -> tuple[int, str]:
         attributes.append(f'error="{error}"')
     if oauth_tokens.enabled():
         attributes.append(f'resource_metadata="{metadata_url(scope)}"')
-        attributes.append(f'scope="{oauth_tokens.JOBS_SCOPE}"')
+        scopes = dict.fromkeys((oauth_tokens.JOBS_SCOPE, *needed))
+        attributes.append(f'scope="{" ".join(scopes)}"')
     if error:
         attributes.append(f'error_description="{reason}"')
     return status, " ".join(parts) + (" " + ", ".join(attributes) if attributes else "")

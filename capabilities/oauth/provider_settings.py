@@ -19,6 +19,8 @@ def mcp_oauth_settings(**overrides: Any) -> dict[str, Any]:
     found: dict[str, Any] = {
         "SCOPES": dict(SCOPES),
         "DEFAULT_SCOPES": [JOBS_SCOPE],
+        # And each capability's own (`@capability(..., scopes=[...])`).
+        "SCOPES_BACKEND_CLASS": "capabilities.oauth.scopes.CapabilityScopes",
         # Authorization code with PKCE (S256 only), and refresh tokens; nothing else.
         "PKCE_REQUIRED": True,
         "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,

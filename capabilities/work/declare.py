@@ -45,6 +45,7 @@ def capability(
     warm_up: Callable[[], object] | str | None = None,
     permissions: Sequence[str] = (),
     authorize: Authorize | None = None,
+    scopes: Sequence[str] = (),
 ) -> Callable[[Callable[P, R]], Capability[P, R]]:
     """Register the decorated `(params, ctx) -> result` function as capability `name`.
 
@@ -54,7 +55,9 @@ def capability(
     bool` (True to allow; it may raise PermissionDenied("why")), run at both points
     after them. Named for what it does, as DRF's `has_object_permission` would not
     fit: there is no object yet, only the params that name one. `user` is None for a
-    call for nobody. `cost`: "heavy", "small" or a queue's name. `timeout_ms`,
+    call for nobody. `scopes`: OAuth scopes an access token must also carry (MCP
+    clients are asked for them by a 403 `insufficient_scope`). `cost`: "heavy",
+    "small" or a queue's name. `timeout_ms`,
     `max_timeout_ms`: the default and the longest timeout (capped by
     ABP["MAX_TIMEOUT_MS"]). Advanced, as the built-ins use them: `size_limits` and
     `setting_maxima` (limits from settings put in the schema), `warm_up` (a function,
@@ -83,11 +86,22 @@ def capability(
                 cost=cost,
                 permissions=_permissions(name, permissions),
                 authorize=authorize,
+                scopes=_scopes(name, scopes),
             )
         )
         return Capability(function, name, params_adapter)
 
     return decorate
+
+
+def _scopes(name: str, scopes: Sequence[str]) -> tuple[str, ...]:
+    """Each an OAuth scope token (RFC 6749 §3.3: no spaces, quotes or backslashes)."""
+    if isinstance(scopes, str):
+        raise TypeError(f"Capability {name!r}: scopes= takes a list, not one string.")
+    for scope in scopes:
+        if not scope or any(char in scope for char in ' "\\') or not scope.isprintable():
+            raise TypeError(f"Capability {name!r}: {scope!r} is not an OAuth scope.")
+    return tuple(scopes)
 
 
 def _permissions(name: str, permissions: Sequence[str]) -> tuple[str, ...]:

@@ -166,6 +166,9 @@ class CapabilitySpec:
     permissions: tuple[str, ...] = ()
     # The object-level check on the params, run at the same two points, after them.
     authorize: Authorize | None = None
+    # OAuth scopes an access token must carry to call it, beyond `jobs`
+    # (docs/security.md#oauth-for-mcp-clients). Agent keys and pages are not asked.
+    scopes: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         """The manifest entry."""

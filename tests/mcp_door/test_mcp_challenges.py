@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -85,3 +86,34 @@ def test_a_valid_token_is_let_in_as_its_user() -> None:
     assert response is None
     assert principal is not None
     assert principal.user_id == user.pk
+
+
+def call_body(tool: str) -> bytes:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool}}
+    ).encode()
+
+
+def answered(scope: dict[str, Any], body: bytes) -> tuple[int, dict[bytes, bytes]]:
+    """What the door sends for a POST of `body` that it refuses before the SDK."""
+    sent: list[MutableMapping[str, Any]] = []
+    chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app.MCPDoor()(scope, receive, send))
+    start = sent[0]
+    return start["status"], dict(start["headers"])
+
+
+@pytest.mark.usefixtures("database")
+def test_a_call_that_needs_a_scope_the_token_lacks_is_a_403_naming_every_scope() -> None:
+    status, headers = answered(request(f"Bearer {issued(person())}"), call_body("test.scoped"))
+    assert status == 403
+    challenge = headers[b"www-authenticate"].decode()
+    assert 'error="insufficient_scope"' in challenge
+    assert 'scope="jobs test:scoped"' in challenge

@@ -24,7 +24,8 @@ def test_protected_resource_metadata_names_mcp_and_its_authorization_server() ->
     document = response.json()
     assert document["resource"] == f"{ORIGIN}/mcp"
     assert document["authorization_servers"] == [ORIGIN]
-    assert document["scopes_supported"] == ["jobs"]
+    # `jobs`, and the scopes capabilities declare (the test app's `test.scoped`).
+    assert document["scopes_supported"] == ["jobs", "test:scoped"]
     assert document["bearer_methods_supported"] == ["header"]
     assert "offline_access" not in document["scopes_supported"]
 

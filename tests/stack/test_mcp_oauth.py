@@ -267,3 +267,26 @@ def test_the_inspector_calls_with_a_token_issued_for_mcp_and_not_one_issued_for_
     # Refused with the challenge, the Inspector turns to OAuth (which needs a person).
     with pytest.raises(AssertionError, match="auth_required"):
         inspector(node, stack, issued(user, resource=[]), tmp_path / "none", *call)
+
+
+def test_a_capability_that_needs_another_scope_steps_the_token_up(stack: Stack) -> None:
+    user = person()
+    mcp_url = f"{stack.http_url}/mcp"
+    consenting = Consenting(user.get_username())
+    storage = Memory()
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with connected(mcp_url, consenting, storage, cimd=False, mode="legacy") as client:
+            found["before"] = storage.tokens.scope if storage.tokens else None
+            # 403 insufficient_scope names `jobs test:scoped`; the SDK asks the user
+            # again (the consent page, in Chromium) and retries with the new token.
+            result = await client.call_tool("test.scoped", {})
+            found["scoped"] = result.structured_content
+            found["after"] = storage.tokens.scope if storage.tokens else None
+
+    anyio.run(main)
+
+    assert found["scoped"] == {"user": user.get_username()}
+    assert set((found["after"] or "").split()) == {"jobs", "test:scoped"}
+    assert "test:scoped" not in (found["before"] or "")

@@ -15,7 +15,8 @@ With `fileBytes`, the result also carries a file of that many random bytes.
 program of its own through `ctx.run_process`: both are declared from type hints.
 
 `test.whoami` answers the username of `ctx.user`; `test.guarded` does too, for a user
-with the permission `auth.view_user` alone.
+with the permission `auth.view_user` alone; `test.scoped` too, for an OAuth token with
+the scope `test:scoped` (keys are not asked).
 
 `test.allocate` asks for `mb` MiB: `python` in zero-filled chunks held until the end
 (every page touched), `glib` in one `g_malloc`, which aborts the process when it
@@ -188,4 +189,14 @@ def run_whoami(params: Nothing, ctx: JobContext) -> Whoami:
     permissions=["auth.view_user"],
 )
 def run_guarded(params: Nothing, ctx: JobContext) -> Whoami:
+    return Whoami(user=ctx.user.get_username() if ctx.user is not None else None)
+
+
+@capability(
+    "test.scoped",
+    description="Test only: ctx.user's username, for a token with the scope test:scoped.",
+    cost="small",
+    scopes=["test:scoped"],
+)
+def run_scoped(params: Nothing, ctx: JobContext) -> Whoami:
     return Whoami(user=ctx.user.get_username() if ctx.user is not None else None)
