@@ -31,7 +31,9 @@ async def list_tools(
     snapshot = await database_sync_to_async(availability.for_listing)()
     shown = await visibility.names_for_async(tool_calls.principal_of(ctx))
     listed = [tool for tool in tools.tool_list(snapshot.states()) if tool.name in shown]
-    return types.ListToolsResult(tools=listed)
+    # The list is the caller's own (their scopes and permissions): on 2026-07-28, no
+    # cache may share it across authorization contexts.
+    return types.ListToolsResult(tools=listed, cache_scope="private")
 
 
 def build() -> Server[Any]:
