@@ -6,23 +6,29 @@ A host's own pages get `window.abp` from `{% load abp %}{% abp_runtime %}`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import render, resolve_url
 from django.urls import reverse
-from django.views.decorators.cache import cache_control, never_cache
+from django.utils.cache import patch_cache_control, patch_vary_headers
+from django.views.decorators.cache import never_cache
 from django.views.decorators.clickjacking import xframe_options_exempt
 from django.views.decorators.http import require_GET
 
-from capabilities.access import page_tokens
+from capabilities.access import page_tokens, permissions
 from capabilities.access.origins import BadOrigin, normalize_all
 from capabilities.calls import availability
 from capabilities.calls.app_info import app_info
 from capabilities.calls.manifest import capability_entries
 from capabilities.conf import abp_settings
 from capabilities.protocol import PROTOCOL_VERSION
+from capabilities.work import registry
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
 
 # Where agents open their WebSocket (capabilities/transport/routing.py); the pages pass it to
 # the browser modules.
@@ -53,23 +59,44 @@ def page_token_context(request: HttpRequest) -> dict[str, Any]:
     }
 
 
-def manifest_data() -> dict[str, object]:
-    """The manifest: the app and every capability with its schemas and availability."""
+def manifest_data(user: AbstractBaseUser | None = None) -> dict[str, object]:
+    """The manifest: the app and each capability `user` (or anyone) may call, with its
+    schemas and availability; where sign-in shows more, it says so."""
     available = availability.for_listing().states()
-    return {
-        "abp": PROTOCOL_VERSION,
-        "app": app_info(),
-        "capabilities": capability_entries(available),
-    }
+    entries = capability_entries(available)
+    shown = [entry for entry in entries if _may_see(entry["name"], user)]
+    data: dict[str, object] = {"abp": PROTOCOL_VERSION, "app": app_info(), "capabilities": shown}
+    if user is None and len(shown) < len(entries):
+        data["signIn"] = {
+            "url": resolve_url(settings.LOGIN_URL),
+            "note": "Capabilities that need a user's permission are listed to signed-in "
+            "users and to their agents' sessions.",
+        }
+    return data
+
+
+def _may_see(name: str, user: AbstractBaseUser | None) -> bool:
+    spec = registry.get(name)
+    return spec is not None and permissions.user_refusal(spec, user) is None
 
 
 @require_GET
-# Short: `available` follows the live workers.
-@cache_control(public=True, max_age=5)
 def manifest(request: HttpRequest) -> JsonResponse:
-    """`/abp.json`, readable cross-origin (agents fetch it from anywhere)."""
-    response = JsonResponse(manifest_data())
+    """`/abp.json`, readable cross-origin (agents fetch it from anywhere).
+
+    Anyone's: what needs no permission, cached for everyone for a few seconds
+    (`available` follows the live workers). A signed-in user's: what they may call,
+    cached for them alone.
+    """
+    user = getattr(request, "user", None)
+    signed_in = user if user is not None and user.is_authenticated else None
+    response = JsonResponse(manifest_data(signed_in))
     response["Access-Control-Allow-Origin"] = "*"
+    if signed_in is None:
+        patch_cache_control(response, public=True, max_age=5)
+    else:
+        patch_cache_control(response, private=True, max_age=5)
+    patch_vary_headers(response, ["Cookie"])
     return response
 
 

@@ -157,11 +157,13 @@ def test_manifest_and_initialize_come_from_one_registry(stack: Stack, agent: Age
     )
     with Agent(stack.ws_url) as other:
         offered = [c["name"] for c in other.initialize()["payload"]["capabilities"]]
-    # The manifest lists every capability; a session, those it may call: the suite's
-    # service key no capability that needs a user's permission.
+    # The public manifest lists what needs no user's permission, and says sign-in shows
+    # more; a session lists what it may call: for the suite's service key, the same.
     guarded = {spec.name for spec in registry.all_specs() if spec.permissions}
     assert guarded
-    assert offered == [name for name in names if name not in guarded]
+    assert not guarded & set(names)
+    assert manifest["signIn"]["url"] == "/accounts/login/"
+    assert offered == names
     with urllib.request.urlopen(stack.http_url + "/", timeout=10) as page:
         assert '<link rel="abp-manifest" href="/abp.json">' in page.read().decode()
 
