@@ -150,10 +150,17 @@ def _drain_on_shutdown() -> None:
     from daphne.ws_protocol import WebSocketProtocol
     from twisted.internet import defer
 
-    from capabilities.calls import draining
+    from capabilities.calls import draining, local_lane
     from capabilities.transport.consumer import SERVICE_RESTART
 
     kill_all = Server.kill_all_applications
+
+    def kill_all_then_the_lane(self: Server) -> Any:
+        # The lane's processes are the fork server's children, not Daphne's: nothing
+        # else ends them when Daphne exits.
+        killed = kill_all(self)
+        local_lane.lane().close()
+        return killed
 
     def drain_then_kill(self: Server) -> Any:
         draining.begin()
@@ -168,11 +175,11 @@ def _drain_on_shutdown() -> None:
             "Stopping: %d sessions told to resume elsewhere (1012)", len(closing)
         )
         if not closing:
-            return kill_all(self)
+            return kill_all_then_the_lane(self)
         ended = defer.Deferred.fromFuture(
             asyncio.ensure_future(asyncio.wait(closing, timeout=DRAIN_SECONDS))
         )
-        ended.addBoth(lambda _: kill_all(self))
+        ended.addBoth(lambda _: kill_all_then_the_lane(self))
         return ended
 
     Server.kill_all_applications = drain_then_kill

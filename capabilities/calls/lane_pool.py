@@ -141,7 +141,16 @@ class LanePool:
         return [slot.process.pid for slot in self._slots if slot.process and slot.process.pid]
 
     def close(self) -> None:
-        """Kill every process and end the threads (blocking, briefly)."""
+        """Kill every process and end the threads (blocking, briefly); none starts after.
+
+        Runs not finished are dropped without their `done`: the process is going away,
+        and the jobs' heartbeats with it (the reaper answers them, as WORKER_LOST).
+        """
+        with self._lock:
+            for task in self._tasks.values():
+                task.stopped = True
+            self._tasks.clear()
+        # After the runs are dropped: a thread that sees the pool closed drops its run.
         self._closed = True
         for _ in self._slots:
             self._waiting.put(None)
@@ -161,7 +170,8 @@ class LanePool:
             if conn is None:
                 conn = self._start(slot)
                 if conn is None:
-                    time.sleep(RESTART_PAUSE_SECONDS)
+                    if not self._closed:
+                        time.sleep(RESTART_PAUSE_SECONDS)
                     continue
             task = self._waiting.get()
             if task is None:
@@ -191,7 +201,10 @@ class LanePool:
             self._end(slot, conn)
 
     def _start(self, slot: _Slot) -> Connection | None:
-        """A new process for the slot, once prepared; None if it died first."""
+        """A new process for the slot, once prepared; None if it died first, or the
+        pool is closing (a closing pool starts no process)."""
+        if self._closed:
+            return None
         ours, theirs = self._context.Pipe()
         process = self._context.Process(
             target=local_run.serve,
@@ -209,6 +222,11 @@ class LanePool:
             theirs.close()  # the child's end: ours sees its death as the end of the pipe
         with slot.lock:
             slot.process = process
+            closing = self._closed
+        if closing:
+            # `close` may have looked at this slot before the process was in it.
+            self._end(slot, ours)
+            return None
         try:
             ours.recv()  # prepared
         except (EOFError, OSError):

@@ -84,6 +84,18 @@ class LocalLane:
             self._heartbeat.start()
         logger.info("Local lane started: %s processes (%s)", processes, self.name)
 
+    def close(self) -> None:
+        """End the lane with the process (blocking, briefly): every lane process is
+        killed and none starts after. Runs not finished stop beating, and the reaper
+        answers them as it would had Daphne died."""
+        with self._start_lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        self._heartbeat.stop()
+        pool.close()
+        logger.info("Local lane stopped (%s)", self.name)
+
     def warm(self, timeout: float = 60.0) -> bool:
         """Wait until every process has loaded its runners (blocking); False if not in time."""
         return self._pool is None or self._pool.wait_ready(timeout)

@@ -159,3 +159,42 @@ def test_close_ends_every_process_at_once() -> None:
     lane.close()
     assert time.monotonic() - started < 10
     assert all(gone(pid) for pid in pids)
+
+
+def test_a_process_starting_while_the_pool_closes_is_ended_with_it() -> None:
+    # The race a stopped Daphne met: a slot restarting its process (killed while
+    # idle, then given a run) as `close` went by, its process not in the slot yet.
+    lane = LanePool(1, 512, [SLEEP])
+    assert lane.wait_ready(60)
+    [first] = lane.pids()
+    started: list[Any] = []
+    make_process = lane._context.Process
+
+    def starts_once_closing(*args: Any, **kwargs: Any) -> Any:
+        process = make_process(*args, **kwargs)
+
+        def late_start() -> None:
+            while not lane._closed:
+                time.sleep(0.01)
+            del process.start  # the class's own again, and nothing local to pickle
+            process.start()
+            started.append(process)
+
+        setattr(process, "start", late_start)  # noqa: B010 - an instance's, for this test
+        return process
+
+    setattr(lane._context, "Process", starts_once_closing)  # noqa: B010
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not gone(first) and time.monotonic() < deadline:
+        time.sleep(0.01)  # dead while idle, before the run comes
+    ends = Ends()
+    ends.submit(lane, "after-the-kill", BLOCK)
+    time.sleep(0.2)  # the slot's thread takes the run, finds its process dead, restarts
+    began = time.monotonic()
+    lane.close()
+    assert time.monotonic() - began < 5
+    [late] = started
+    assert late.pid is not None
+    assert gone(late.pid)
+    assert ends.none_within(0.5)  # dropped with the pool: the reaper answers its job
