@@ -38,6 +38,10 @@ class CapabilitiesConfig(AppConfig):
         checks.register(development_password_in_use, checks.Tags.security)
         checks.register(local_lane_time_limit)
         checks.register(built_ins_switched_off)
+        from capabilities.calls import user_deactivation
+
+        # A user deactivated or deleted: their sessions close on every door.
+        user_deactivation.connect_signals()
         if abp_settings().ALLOW_ANONYMOUS:
             # Production refuses this setting; in development, say it loudly.
             logger.warning(

@@ -146,6 +146,15 @@ class AgentSession(models.Model):
     # Whose budgets the session spends (access/principal.py, rate_limit_id): a key, or
     # the client address of page-token and anonymous connections.
     principal = models.CharField(max_length=120, blank=True)
+    # The user the session acts for (the principal's): a resume and a deactivation are
+    # bound to it. Null for a service key, an anonymous page or development mode.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="abp_sessions",
+    )
     connected_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
     close_reason = models.CharField(max_length=300, blank=True)

@@ -1,4 +1,8 @@
-"""Revoking agent keys: their calls are cancelled and their connections closed."""
+"""Revoking agent keys: their calls are cancelled and their connections closed.
+
+A withdrawal of access (access_withdrawal.py), as a user's deactivation is: on every
+door, its connections answer their calls and close with `key-revoked` (4403).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,12 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from capabilities.access import agent_keys
-from capabilities.calls import cancellation, resumption
-from capabilities.jobs import notes
-from capabilities.models import ACTIVE_STATUSES, AgentKey, CancelSource, Job
+from capabilities.calls import access_withdrawal, resumption
+from capabilities.models import ACTIVE_STATUSES, AgentKey, AgentSession
 
 logger = logging.getLogger(__name__)
 
-REVOKED_REASON = "agent key revoked"
+REASON = "key-revoked"
 BATCH = 50
 
 
@@ -63,10 +66,7 @@ def finish_revocations() -> int:
 
 
 def _end_calls_and_connections(key: AgentKey) -> None:
-    active = Job.objects.filter(session__agent_key=key, status__in=ACTIVE_STATUSES).values_list(
-        "id", flat=True
-    )
-    for job_id in active:
-        cancellation.cancel(job_id, source=CancelSource.OPERATOR, reason=REVOKED_REASON)
-    if not notes.notify_group(agent_keys.key_group(key.prefix), notes.agent_key_revoked()):
+    sessions = AgentSession.objects.filter(agent_key=key)
+    # Its key's group too: a connection not in a session yet hears it there.
+    if not access_withdrawal.withdraw(REASON, sessions, groups=[agent_keys.key_group(key.prefix)]):
         logger.error("Could not tell the connections of key %s that it was revoked", key)

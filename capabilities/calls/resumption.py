@@ -127,13 +127,11 @@ def resume(
         row = AgentSession.objects.filter(pk=session_id).first()
     except Exception:  # not a UUID
         raise invalid() from None
-    key_id = principal.key.pk if principal.key is not None else None
     if (
         row is None
         or not row.resume_hash
         or not hmac.compare_digest(row.resume_hash, token_hash(token))
-        or row.agent_key_id != key_id
-        or row.auth != principal.kind
+        or not _same_holder(row, principal)
     ):
         raise invalid()
     if row.closed_at is not None:
@@ -160,6 +158,21 @@ def resume(
         was_held=row.detached_at is None,
         jobs=pending,
         again=_answered_among(row, awaiting),
+    )
+
+
+def _same_holder(row: AgentSession, principal: Principal) -> bool:
+    """Whether the resuming principal is who opened the session: the same user (or
+    none), through the same kind of credential, the same key if it was a key's.
+
+    A resume token is a handle, not a credential: another user resuming is refused even
+    with the right token, and so is a signed-out page resuming a signed-in one's.
+    """
+    key_id = principal.key.pk if principal.key is not None else None
+    return (
+        row.user_id == principal.user_id
+        and row.agent_key_id == key_id
+        and row.auth == principal.kind
     )
 
 

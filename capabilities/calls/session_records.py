@@ -69,6 +69,7 @@ def record_session(
         auth=principal.kind,
         client_address=principal.client_address[:100],
         principal=principal.rate_limit_id[:120],
+        user_id=principal.user_id,
         resume_hash=resume_hash,
         per_call=per_call,
     )

@@ -75,9 +75,12 @@ def session_superseded(generation: int) -> Note:
     return {"type": "session.superseded", "generation": generation}
 
 
-def agent_key_revoked() -> Note:
-    """The key the connection opened with was revoked."""
-    return {"type": "agent.key_revoked"}
+def agent_key_revoked(reason: str = "key-revoked") -> Note:
+    """Access was withdrawn from the connection: its key revoked, or its user deactivated.
+
+    `reason`: the stable close reason it is refused with (protocol/closes.py).
+    """
+    return {"type": "agent.key_revoked", "reason": reason}
 
 
 def _loop() -> asyncio.AbstractEventLoop:

@@ -7,6 +7,12 @@ the database, so a quiet spell ends with a look there. A call this Daphne's loca
 runs is answered as the WebSocket doors answer theirs (`deliver_here`): one statement
 settles it and claims its delivery, and the response goes straight to the waiting
 call, with no trip through the channel layer and no second claim.
+
+A stateful MCP session listens in its group too, for the note that its access was
+withdrawn (a key revoked, a user deactivated: calls/access_withdrawal.py). Its calls
+were settled as cancelled before the note was sent: each waiting call is given a
+moment to answer so, then the session closes as if its client had gone away, and
+the next request naming it is told it is not found.
 """
 
 from __future__ import annotations
@@ -22,16 +28,27 @@ import redis
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.db import DatabaseError
+from mcp.server.connection import Connection
 
 from capabilities.calls import job_writes, session_records
 from capabilities.jobs import lifecycle
 from capabilities.jobs.notes import Note
+from capabilities.mcp_door import sdk_seams
 from capabilities.models import Job, session_group
+from capabilities.protocol.closes import WITHDRAWN_BECAUSE
 
 logger = logging.getLogger(__name__)
 
 # A call with no note for this long looks in the database for its outcome.
 QUIET_SECONDS = 5.0
+# A withdrawn session's waiting calls are answered (cancelled) within this, usually at
+# once; then an answer handed to the SDK is given this long to be written to its stream.
+ANSWER_GRACE_SECONDS = 1.0
+LINGER_SECONDS = 0.2
+WITHDRAWN = "agent.key_revoked"
+# The calls each session waits on here, and the sessions listening for a withdrawal.
+_watches: dict[str, set[CallWatch]] = {}
+_listening: set[asyncio.Task[None]] = set()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +71,9 @@ class CallWatch:
         self.session_id = session_id
         self._channel = channel
         self._layer: Any = get_channel_layer()
-        self._answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._answered: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.ended: asyncio.Future[None] = loop.create_future()
         self.watching = True
 
     async def deliver_here(
@@ -151,18 +170,77 @@ async def watching(session_id: str) -> AsyncIterator[CallWatch]:
     except (redis.RedisError, OSError) as error:
         raise CannotWatch from error
     watch = CallWatch(session_id, channel)
+    _watches.setdefault(session_id, set()).add(watch)
     try:
         yield watch
     finally:
         watch.watching = False
+        _watches[session_id].discard(watch)
+        if not _watches[session_id]:
+            del _watches[session_id]
+        watch.ended.set_result(None)
+        await _leave(layer, group, channel)
+
+
+async def _leave(layer: Any, group: str, channel: str) -> None:
+    try:
+        await layer.group_discard(group, channel)
+    finally:
+        # Its last receive may have returned: channels_redis would keep it for good
+        # (capabilities/channel_layer.py); the in-memory layer forgets on its own.
+        delete_channel = getattr(layer, "delete_channel", None)
+        if delete_channel is not None:
+            await delete_channel(channel)
+
+
+def close_when_withdrawn(session_id: str, connection: Connection) -> asyncio.Task[None]:
+    """Listen, until cancelled, for the withdrawal of this stateful session's access;
+    then close it. The task to cancel when the session ends."""
+    task = asyncio.get_running_loop().create_task(_close_when_withdrawn(session_id, connection))
+    _listening.add(task)
+    task.add_done_callback(_listening.discard)
+    return task
+
+
+async def _close_when_withdrawn(session_id: str, connection: Connection) -> None:
+    reason = await _withdrawal(session_id)
+    waiting = [watch.ended for watch in _watches.get(session_id, ())]
+    if waiting:
+        await asyncio.wait(waiting, timeout=ANSWER_GRACE_SECONDS)
+        await asyncio.sleep(LINGER_SECONDS)
+    try:
+        await database_sync_to_async(session_records.close_session)(
+            session_id, WITHDRAWN_BECAUSE[reason]
+        )
+    except DatabaseError:
+        logger.warning("MCP session %s closes; its row is left to the reaper", session_id)
+    if await sdk_seams.end_connection(connection):
+        logger.info("MCP session %s closed: %s", session_id, reason)
+    else:
+        logger.error("MCP session %s could not be closed: its transport is unknown", session_id)
+
+
+async def _withdrawal(session_id: str) -> str:
+    """The close reason of the first withdrawal note to the session's group.
+
+    While Redis is away notes are lost (the reaper sends them again): keep trying.
+    """
+    layer: Any = get_channel_layer()
+    group = session_group(session_id)
+    while True:
         try:
-            await layer.group_discard(group, channel)
+            channel: str = await layer.new_channel("abp.withdrawn.")
+            await layer.group_add(group, channel)
+        except (redis.RedisError, OSError):
+            logger.warning("MCP session %s cannot listen for withdrawals yet", session_id)
+            await asyncio.sleep(QUIET_SECONDS)
+            continue
+        try:
+            while (note := await layer.receive(channel)).get("type") != WITHDRAWN:
+                pass
+            return str(note.get("reason") or "key-revoked")
         finally:
-            # Its last receive may have returned: channels_redis would keep it for good
-            # (capabilities/channel_layer.py); the in-memory layer forgets on its own.
-            delete_channel = getattr(layer, "delete_channel", None)
-            if delete_channel is not None:
-                await delete_channel(channel)
+            await _leave(layer, group, channel)
 
 
 def _progress_of(note: Note) -> Progress:

@@ -45,7 +45,7 @@ from capabilities.calls import (
     start,
 )
 from capabilities.jsonrpc.error_codes import jsonrpc_error
-from capabilities.mcp_door import sdk_seams
+from capabilities.mcp_door import call_watch, sdk_seams
 from capabilities.models import AgentSession, CancelSource, Door
 
 logger = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ async def let_go(session_id: str, reason: str) -> None:
     """A per-call row whose call outlives its request (a task): closed, its call left running.
 
     Not held any more, and closed, so the reaper never looks at it; the task is found
-    by its key, not by this row.
+    by its owner, not by this row.
     """
     held_sessions.release(_holder(session_id))
     await database_sync_to_async(session_records.close_session)(session_id, reason)
@@ -257,6 +257,8 @@ def _hold(session_id: str, connection: Connection) -> None:
     _open.add(session_id)
     held_sessions.hold(_holder(session_id), session_id)
     connection.exit_stack.push_async_callback(end_session, session_id)
+    # Closed when its access is withdrawn (a key revoked, a user deactivated).
+    connection.exit_stack.callback(call_watch.close_when_withdrawn(session_id, connection).cancel)
 
 
 def _holder(session_id: str) -> str:

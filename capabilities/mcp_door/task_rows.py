@@ -2,9 +2,14 @@
 
 A task's callId marks it as one and carries the ttl it was granted, which has no
 column of its own: `mcp-task:<ttl ms>:<uuid>`. A plain `tools/call` has a bare
-uuid, so it is never a task. A 2025-11-25 task belongs to its MCP session; a
-2026-07-28 one (no session) to the agent key that made it. Synchronous: callers
-hop with `database_sync_to_async`.
+uuid, so it is never a task.
+
+A task id is a handle, never a credential (MCP binds tasks to the authorization
+context): on either wire a task is found, listed, read and cancelled only by its
+owner. That is the user it runs for, whichever of their keys, tokens or sessions
+made it; for a call that runs for nobody (a service key; development's anonymous
+callers), the principal that made it (`key:<prefix>`). Anything else is an unknown
+task. Synchronous: callers hop with `database_sync_to_async`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 import mcp_types as types
 from django.db.models import Q, QuerySet
 
+from capabilities.access.principal import Principal
 from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle, results
 from capabilities.mcp_door import tools
@@ -70,40 +76,37 @@ def status_message(job: Job) -> str | None:
     return f"{job.error_code}: {job.error_message}"
 
 
-def find(session_id: str | None, task_id: str) -> Job | None:
-    """A task of this session; never another session's, never a plain call."""
+def owned_by(principal: Principal) -> QuerySet[Job]:
+    """Every task the principal's owner may see: their user's, else the principal's own."""
+    tasks = Job.objects.filter(call_id__startswith=CALL_ID_PREFIX)
+    if principal.user_id is not None:
+        return tasks.filter(user_id=principal.user_id)
+    return tasks.filter(user__isnull=True, principal=principal.rate_limit_id)
+
+
+def find(principal: Principal, task_id: str) -> Job | None:
+    """One of the owner's tasks; never another's, never a plain call."""
     try:
         job_id = uuid.UUID(task_id)
     except ValueError:
         return None
-    return _tasks(session_id).filter(pk=job_id).first()
-
-
-def find_owned(principal_id: str, task_id: str) -> Job | None:
-    """A task made with this agent key (`AgentSession.principal`), on either wire."""
-    try:
-        job_id = uuid.UUID(task_id)
-    except ValueError:
-        return None
-    return Job.objects.filter(
-        pk=job_id, call_id__startswith=CALL_ID_PREFIX, session__principal=principal_id
-    ).first()
+    return owned_by(principal).filter(pk=job_id).first()
 
 
 @dataclass(frozen=True, kw_only=True)
 class Page:
-    """One page of a session's tasks, oldest first."""
+    """One page of an owner's tasks, oldest first."""
 
     jobs: list[Job]
     next_cursor: str | None
     unknown_cursor: bool = False
 
 
-def page(session_id: str | None, cursor: str | None) -> Page:
-    """The tasks after `cursor` (the last task id of the page before)."""
-    tasks = _tasks(session_id).order_by("created_at", "id")
+def page(principal: Principal, cursor: str | None) -> Page:
+    """The owner's tasks after `cursor` (the last task id of the page before)."""
+    tasks = owned_by(principal).order_by("created_at", "id")
     if cursor is not None:
-        after = find(session_id, cursor)
+        after = find(principal, cursor)
         if after is None:
             return Page(jobs=[], next_cursor=None, unknown_cursor=True)
         tasks = tasks.filter(
@@ -125,9 +128,3 @@ def final_response(job_id: str, base_url: str) -> dict[str, Any] | None:
         return None
     lifecycle.claim_delivery(job_id)
     return results.call_response(job, base_url=base_url, inline_max_bytes=tools.INLINE_MAX_BYTES)
-
-
-def _tasks(session_id: str | None) -> QuerySet[Job]:
-    if session_id is None:
-        return Job.objects.none()
-    return Job.objects.filter(session_id=uuid.UUID(session_id), call_id__startswith=CALL_ID_PREFIX)

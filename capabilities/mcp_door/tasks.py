@@ -4,8 +4,10 @@ A task is a job: its id is the job's id, its status is read from the job row, an
 it settles once, by the same conditional update as every call. `tasks/cancel`
 settles it as cancelled (source agent) before answering, then stops the work.
 A task outlives the request that created it and ends with its MCP session
-(cancelled, source disconnect, by `sessions.end_session`). Only its own session
-sees it; anything else is an unknown task (-32602). Only the 2025-11-25 wire has
+(cancelled, source disconnect, by `sessions.end_session`). Only its owner sees it:
+the user it runs for, from any of their sessions and keys, or for a service key that
+key (`task_rows.owned_by`); to anyone else it is an unknown task (-32602), and
+`tasks/list` lists the owner's tasks alone. Only the 2025-11-25 wire has
 these tasks: elsewhere `params.task` is ignored, `tasks/result` and `tasks/list`
 are not found, and on 2026-07-28 `tasks/get` and `tasks/cancel` are the tasks
 extension's (`tasks_extension.py`).
@@ -185,10 +187,11 @@ async def cancel_task(
 async def list_tasks(
     ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams
 ) -> types.ListTasksResult:
-    """`tasks/list`: this session's tasks, oldest first, a page at a time."""
+    """`tasks/list`: the caller's own tasks (`task_rows.owned_by`), oldest first, a page
+    at a time."""
     _require_tasks(ctx)
     page: task_rows.Page = await database_sync_to_async(task_rows.page)(
-        sessions.session_id_of(ctx), params.cursor
+        tool_calls.principal_of(ctx), params.cursor
     )
     if page.unknown_cursor:
         raise MCPError(types.INVALID_PARAMS, "Unknown cursor.")
@@ -198,10 +201,10 @@ async def list_tasks(
 
 
 async def _own_task(ctx: ServerRequestContext[Any, Any], task_id: str) -> Job:
-    """A task of this request's MCP session; -32602 for any other id."""
+    """A task of this request's owner; -32602 for any other id, as for an unknown one."""
     _require_tasks(ctx)
     job: Job | None = await database_sync_to_async(task_rows.find)(
-        sessions.session_id_of(ctx), task_id
+        tool_calls.principal_of(ctx), task_id
     )
     if job is None:
         raise MCPError(types.INVALID_PARAMS, f"Unknown task: {task_id}")

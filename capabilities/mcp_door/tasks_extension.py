@@ -6,9 +6,9 @@ and asks for no progress. A task gets no progress notifications (SEP-2663), so a
 client that asked for them is following the call on its stream and gets the
 plain call, which also stops when that stream closes.
 
-A task is a job, as on the 2025 wire (`tasks.py`), with two differences that come
-from having no session. It belongs to the agent key that made it (the principal
-recorded on its session row): another key's task id is an unknown task. And its
+A task is a job, as on the 2025 wire (`tasks.py`), bound the same way: to the user
+it runs for, or to the service key that made it (`task_rows.owned_by`); anyone
+else's task id is an unknown task. One difference comes from having no session: its
 per-call session row is closed, without cancelling, once the job exists: a plain
 2026 call's row ends with its request, cancelling what runs in it, and the reaper
 cancels the calls of open rows nobody holds; a task outlives its request and
@@ -146,15 +146,14 @@ async def cancel_task(
 
 
 async def _own_task(ctx: ServerRequestContext[Any, Any], task_id: str) -> Job:
-    """A task of this request's agent key; -32602 for any other id, as for an unknown one."""
+    """A task of this request's owner; -32602 for any other id, as for an unknown one."""
     require_client_extension(ctx, tasks_wire.IDENTIFIER)
     headers = getattr(ctx.request, "headers", None)
     routed_to = headers.get(MCP_NAME_HEADER) if headers is not None else None
     if routed_to is not None and decode_header_value(routed_to) != task_id:
         raise MCPError(HEADER_MISMATCH, f"{MCP_NAME_HEADER} does not match the taskId.")
-    principal = tool_calls.principal_of(ctx)
-    job: Job | None = await database_sync_to_async(task_rows.find_owned)(
-        principal.rate_limit_id, task_id
+    job: Job | None = await database_sync_to_async(task_rows.find)(
+        tool_calls.principal_of(ctx), task_id
     )
     if job is None:
         raise MCPError(types.INVALID_PARAMS, f"Unknown task: {task_id}")

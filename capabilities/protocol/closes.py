@@ -6,6 +6,7 @@ CLOSE_CODES = {
     "missing-credentials": 4401,
     "invalid-credentials": 4401,
     "key-revoked": 4403,
+    "user-inactive": 4403,
     "expired-credentials": 4419,
     "wrong-audience": 4401,
     "insufficient-scope": 4403,
@@ -18,9 +19,16 @@ REFUSAL_MESSAGES = {
     "a subprotocol abp.bearer.<key>, or ?access_token=).",
     "invalid-credentials": "The agent key, access token or page token is not valid.",
     "key-revoked": "The agent key was revoked.",
+    "user-inactive": "The user this credential acts for was deactivated.",
     "expired-credentials": "The page token expired; reload the page (or fetch a new one).",
     "wrong-audience": "The access token was not issued for this server: ask for it with this "
     "server's URL as its resource (RFC 8707).",
     "insufficient-scope": "The access token lacks a scope this needs.",
     "token-in-query": "Send the access token in the Authorization header, not the URL.",
+}
+# Access withdrawn from open connections (calls/access_withdrawal.py): the close
+# reason, and what their calls and sessions are ended with (the cancel reason).
+WITHDRAWN_BECAUSE = {
+    "key-revoked": "agent key revoked",
+    "user-inactive": "user deactivated",
 }

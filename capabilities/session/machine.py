@@ -38,7 +38,12 @@ from capabilities.protocol import (
     replies,
     responses,
 )
-from capabilities.protocol.closes import CLOSE_CODES, REFUSAL_MESSAGES, TOO_MANY_SESSIONS_CLOSE_CODE
+from capabilities.protocol.closes import (
+    CLOSE_CODES,
+    REFUSAL_MESSAGES,
+    TOO_MANY_SESSIONS_CLOSE_CODE,
+    WITHDRAWN_BECAUSE,
+)
 from capabilities.session.actions import (
     Action,
     AnnounceTakeover,
@@ -219,19 +224,21 @@ class Session:
             ]
         return [StopTimers()]
 
-    def key_revoked(self) -> list[Action]:
-        """The connection's agent key was revoked: end its calls, refuse, close."""
+    def key_revoked(self, reason: str = "key-revoked") -> list[Action]:
+        """Access was withdrawn (`reason`: its key revoked, its user deactivated): end its
+        calls, refuse, close."""
         if self.state is ConnectionState.NEW:
-            return self.refuse("key-revoked")
+            return self.refuse(reason)
         if self.state is not ConnectionState.OPEN:
             return []
         assert self.session_id is not None
         self.state = ConnectionState.ENDING
-        ending = FindUnanswered(then=EndAll(source="operator", reason="agent key revoked"))
+        because = WITHDRAWN_BECAUSE[reason]
+        ending = FindUnanswered(then=EndAll(source="operator", reason=because))
         return [
             ending,
-            *self._refusal("key-revoked"),
-            EndSession(session_id=self.session_id, reason="agent key revoked"),
+            *self._refusal(reason),
+            EndSession(session_id=self.session_id, reason=because),
         ]
 
     def superseded(self, generation: int) -> list[Action]:

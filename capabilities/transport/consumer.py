@@ -428,4 +428,4 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def agent_key_revoked(self, event: dict[str, Any]) -> None:
         await self.starts.settled()
         async with self.serial:
-            await self.perform(self.session.key_revoked())
+            await self.perform(self.session.key_revoked(event.get("reason", "key-revoked")))

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from capabilities.calls import cancellation, key_revocation, resumption
+from capabilities.calls import cancellation, key_revocation, resumption, user_deactivation
 from capabilities.conf import abp_settings
 from capabilities.jobs import dispatch, lifecycle, queue
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
@@ -54,6 +54,7 @@ def reap() -> None:
     resumption.expire_abandoned()
     resumption.nudge_undelivered()
     key_revocation.finish_revocations()
+    user_deactivation.finish_deactivations()
     # Behind every other trigger: jobs whose message was lost, and any slot a
     # pump missed (a process that died between a settle and its pump).
     dispatch.redispatch_stale()

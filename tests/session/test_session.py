@@ -1408,6 +1408,21 @@ def test_revoking_the_key_of_an_open_session_ends_its_calls_as_an_operator() -> 
     assert session.receive(call("c-2")) == []
 
 
+def test_a_deactivated_users_session_ends_as_a_revoked_keys_does_with_its_own_reason() -> None:
+    refused = connected().key_revoked("user-inactive")
+    assert envelope(refused[0])["payload"]["data"]["details"]["reason"] == "user-inactive"
+    session = open_session()
+    start(session, "c-1")
+    find, note, close, end = session.key_revoked("user-inactive")
+    assert find == FindUnanswered(then=EndAll(source="operator", reason="user deactivated"))
+    assert envelope(note)["payload"]["data"]["details"] == {
+        "reason": "user-inactive",
+        "closeCode": 4403,
+    }
+    assert close == Close(code=4403)
+    assert end == EndSession(session_id="id-1", reason="user deactivated")
+
+
 # -- found by the shell machine below --------------------------------------------------------
 
 

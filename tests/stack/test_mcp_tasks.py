@@ -20,9 +20,10 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
 
+from capabilities.access import agent_keys
 from capabilities.conf import abp_settings
 from capabilities.models import CancelSource, Job, JobStatus
-from tests.support.mcp_clients import TASKS_EXTENSION, RawSession, official_client, suite_key
+from tests.support.mcp_clients import TASKS_EXTENSION, RawSession, official_client
 from tests.support.stack import Stack
 from tests.support.waiting import eventually_async, in_thread
 
@@ -39,12 +40,22 @@ def url_of(stack: Stack) -> str:
     return f"{stack.http_url}/mcp"
 
 
-def raw(stack: Stack, scenario: Callable[..., Awaitable[None]], sessions: int = 1) -> None:
-    """Run `scenario` with `sessions` open MCP sessions (2025-11-25), ended after it."""
+def fresh_key() -> str:
+    """A key of its own: a task belongs to its key (or its user), in any of its sessions,
+    and the suite's key has made tasks in other tests."""
+    return agent_keys.create_key("mcp tasks")[1]
+
+
+def raw(
+    stack: Stack, scenario: Callable[..., Awaitable[None]], sessions: int = 1, keys: int = 1
+) -> None:
+    """Run `scenario` with `sessions` open MCP sessions (2025-11-25) of each of `keys` fresh
+    keys, ended after it."""
+    made = [fresh_key() for _ in range(keys)]
 
     async def main() -> None:
         async with httpx2.AsyncClient(timeout=30) as http:
-            opened = [RawSession(http, url_of(stack), suite_key()) for _ in range(sessions)]
+            opened = [RawSession(http, url_of(stack), key) for key in made for _ in range(sessions)]
             try:
                 for session in opened:
                     await session.open()
@@ -81,9 +92,10 @@ def test_these_tasks_are_advertised_on_the_2025_wire_only(
     stack: Stack, mode: str, served: bool
 ) -> None:
     found: dict[str, Any] = {}
+    key = fresh_key()
 
     async def scenario() -> None:
-        async with official_client(url_of(stack), mode=mode) as client:
+        async with official_client(url_of(stack), key=key, mode=mode) as client:
             found["capability"] = client.server_capabilities.tasks
             found["extensions"] = client.server_capabilities.extensions
             found["tools"] = (await client.list_tools()).tools
@@ -195,16 +207,19 @@ def test_a_tasks_result_is_the_plain_calls_result_and_a_finished_task_cannot_be_
     assert (job.status, job.cancel_source) == (JobStatus.SUCCEEDED, "")
 
 
-def test_a_session_sees_only_its_own_tasks(stack: Stack) -> None:
+def test_a_task_is_its_keys_in_any_of_its_sessions_and_no_other_keys(stack: Stack) -> None:
     found: dict[str, Any] = {}
 
-    async def scenario(mine: RawSession, other: RawSession) -> None:
+    async def scenario(
+        mine: RawSession, same_key: RawSession, other: RawSession, _: RawSession
+    ) -> None:
         task_id = (await create(mine, LONG))["taskId"]
         await rpc(mine, "tools/call", {"name": "test.sleep", "arguments": SHORT})
         plain = await in_thread(
             lambda: Job.objects.exclude(pk=task_id).get(session_id=uuid.UUID(hex=mine.session_id))
         )
         found["mine"] = await rpc(mine, "tasks/list", {})
+        found["same key"] = await rpc(same_key, "tasks/list", {})
         found["other"] = await rpc(other, "tasks/list", {})
         found["foreign"] = [
             await rpc(other, method, {"taskId": task_id})
@@ -218,8 +233,9 @@ def test_a_session_sees_only_its_own_tasks(stack: Stack) -> None:
         found["still"] = await rpc(mine, "tasks/get", {"taskId": task_id})
         found["task"] = task_id
 
-    raw(stack, scenario, sessions=2)
+    raw(stack, scenario, sessions=2, keys=2)
     assert [task["taskId"] for task in found["mine"]["result"]["tasks"]] == [found["task"]]
+    assert found["same key"]["result"] == found["mine"]["result"]
     assert "nextCursor" not in found["mine"]["result"]
     assert found["other"]["result"]["tasks"] == []
     for answer in found["foreign"] + found["not tasks"]:
