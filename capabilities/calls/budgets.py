@@ -104,14 +104,16 @@ def create_job(
     tally = tally or SlotTally()
     # One read serves the budget here and the hand-over decision in create_job.
     counts = tally.counts(queue.queue_for(job["capability"]), principal.rate_limit_id)
-    _refuse_at(
-        counts.held,
-        principal.max_calls_in_flight,
-        "callsInFlight",
-        "calls of yours may be queued or running at once, across all your sessions; "
-        "wait for one to finish.",
-        retry_after_ms=abp_settings().QUEUE_FULL_RETRY_AFTER_MS,
-    )
+    if ticket is None or not ticket.cancelled:
+        # A call whose cancel won is written settled: it takes no place in the budget.
+        _refuse_at(
+            counts.held,
+            principal.max_calls_in_flight,
+            "callsInFlight",
+            "calls of yours may be queued or running at once, across all your sessions; "
+            "wait for one to finish.",
+            retry_after_ms=abp_settings().QUEUE_FULL_RETRY_AFTER_MS,
+        )
     cancel_reason = ticket.seal() if ticket is not None else None
     created = lifecycle.create_job(
         principal=principal.rate_limit_id,

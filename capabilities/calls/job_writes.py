@@ -100,9 +100,13 @@ def _check(new: NewJob) -> None:
 
 def _creator(tally: SlotTally | None) -> Callable[[NewJob], Job]:
     def create_one(new: NewJob) -> Job:
-        error = availability.unavailable(new.job["capability"])
-        if error is not None:
-            raise Unavailable(error)
+        ticket = new.job.get("ticket")
+        # A cancel that won the start was answered already: its row is written settled
+        # (nothing will run), whether or not a worker could run it now.
+        if ticket is None or not ticket.cancelled:
+            error = availability.unavailable(new.job["capability"])
+            if error is not None:
+                raise Unavailable(error)
         # Looked up at each call: tests hold it (tests/transport/test_consumer_inprocess.py).
         return budgets.create_job(new.principal, tally=tally or SlotTally(), **new.job)
 

@@ -19,6 +19,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from capabilities.calls import availability, budgets, job_writes
+from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import lifecycle, notes
 from capabilities.jobs.hop_batches import HopBatch, run_each
 from capabilities.jobs.lifecycle import CallIdInUse
@@ -239,3 +240,42 @@ def test_a_doors_check_runs_alone_before_its_row_and_refuses_only_its_call(
     assert seen == [("a", False, False), ("b", False, False), ("c", False, False)]
     assert isinstance(written[1], budgets.OverBudget)
     assert [job.call_id for job in written if isinstance(job, Job)] == ["a", "c"]
+
+
+def test_a_call_whose_cancel_won_is_written_settled_though_no_worker_could_run_it(
+    session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen with Redis down for a second: availability could not be read, the start
+    # was refused, and the call answered `cancelled` had no row anywhere.
+    unreadable = WireError(code=ErrorCode.INTERNAL_ERROR, message="Redis is down", retryable=True)
+    monkeypatch.setattr(availability, "unavailable", lambda capability: unreadable)
+    ticket = StartTicket()
+    assert ticket.cancel("the agent's $/cancel_request")
+    new = new_job(principal(), session_id, "cancelled-first", run_by=None)
+    [written] = job_writes._create_all(
+        [dataclasses.replace(new, job={**new.job, "ticket": ticket})]
+    )
+    assert isinstance(written, Job)
+    row = Job.objects.get(session_id=uuid.UUID(session_id), call_id="cancelled-first")
+    assert row.status == JobStatus.CANCELLED
+    assert row.delivered_at is not None
+    # Without the cancel, the same call is refused and nothing is stored.
+    [refused] = job_writes._create_all([new_job(principal(), session_id, "no-cancel", run_by=None)])
+    assert isinstance(refused, job_writes.Unavailable)
+    assert not Job.objects.filter(call_id="no-cancel").exists()
+
+
+def test_a_call_whose_cancel_won_takes_no_place_in_a_full_budget(session_id: str) -> None:
+    who = principal(max_queued_calls=1)
+    full = job_writes._create_all(
+        [new_job(who, session_id, f"c-{n}") for n in range(who.max_calls_in_flight)]
+    )
+    assert all(isinstance(job, Job) for job in full)
+    ticket = StartTicket()
+    ticket.cancel("cancelled at once")
+    new = new_job(who, session_id, "over-but-cancelled")
+    [written] = job_writes._create_all(
+        [dataclasses.replace(new, job={**new.job, "ticket": ticket})]
+    )
+    assert isinstance(written, Job)
+    assert written.status == JobStatus.CANCELLED
