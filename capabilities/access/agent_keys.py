@@ -90,7 +90,8 @@ def find_key(presented: str) -> AgentKey | None:
         return None
     prefix, secret = parts
     # The prefix is unique: no ORDER BY to build (`first()`'s), MCP checks every request.
-    key = next(iter(AgentKey.objects.filter(prefix=prefix)[:1]), None)
+    # Its owner in the same query: whether they are active is checked with the key.
+    key = next(iter(AgentKey.objects.select_related("owner").filter(prefix=prefix)[:1]), None)
     if key is None or not hmac.compare_digest(key.secret_hash, _hash(secret)):
         return None
     return key

@@ -24,10 +24,13 @@ from capabilities.access import agent_keys, oauth_tokens, page_tokens
 from capabilities.access.principal import Principal
 from capabilities.conf import abp_settings
 from capabilities.protocol.text import unstorable
+from capabilities.work.users import load_user
 
 SUBPROTOCOL = "abp"
 BEARER_SUBPROTOCOL = "abp.bearer."
 QUERY_PARAMETER = "access_token"
+# Credentials of ours start so (`abp_` keys); an access token never does.
+OWN_PREFIX = "abp"
 
 
 class Refused(Exception):
@@ -108,10 +111,25 @@ async def authenticate_async(scope: Mapping[str, Any], *, query: bool = True) ->
 
 
 def _looked_up(presented: str) -> bool:
-    """Whether checking this credential needs the database: a key, or an access token."""
+    """Whether checking this credential needs the database: a key, or an access token.
+
+    What could be neither (our own prefixes, or not RFC 6750's token syntax) is refused
+    on the loop; an opaque access token can only be told from garbage by a lookup.
+    """
     if agent_keys.looks_like_key(presented):
         return True
-    return oauth_tokens.enabled() and not page_tokens.looks_like_page_token(presented)
+    if page_tokens.looks_like_page_token(presented):
+        # A signed-in user's page: whether that user is still active.
+        return page_tokens.names_a_user(presented)
+    return _could_be_token(presented)
+
+
+def _could_be_token(presented: str) -> bool:
+    return (
+        oauth_tokens.enabled()
+        and not presented.startswith(OWN_PREFIX)
+        and oauth_tokens.well_formed(presented)
+    )
 
 
 def authenticate(scope: Mapping[str, Any], *, query: bool = True) -> Principal:
@@ -133,6 +151,8 @@ def authenticate(scope: Mapping[str, Any], *, query: bool = True) -> Principal:
             raise Refused("invalid-credentials")
         if key.is_revoked:
             raise Refused("key-revoked")
+        if key.owner is not None and not key.owner.is_active:
+            raise Refused("user-inactive")
         agent_keys.record_use(key)
         return Principal(kind="key", key=key, client_address=address, user_id=key.owner_id)
     if page_tokens.looks_like_page_token(presented):
@@ -140,8 +160,10 @@ def authenticate(scope: Mapping[str, Any], *, query: bool = True) -> Principal:
             user_id = page_tokens.verify(presented, origin=origin_of(scope))
         except page_tokens.PageTokenError as error:
             raise Refused(error.reason) from error
+        if user_id is not None and load_user(user_id) is None:
+            raise Refused("user-inactive")
         return Principal(kind="page", key=None, client_address=address, user_id=user_id)
-    if oauth_tokens.enabled():
+    if _could_be_token(presented):
         return _token_principal(presented, scope, address)
     raise Refused("invalid-credentials")
 

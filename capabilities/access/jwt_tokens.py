@@ -70,9 +70,11 @@ def verify(token: str, resource: str, covers: Any) -> tuple[int, str, tuple[str,
         raise JwtRefused("wrong-audience")
     username = claims.get(settings.OAUTH_JWT_USERNAME_CLAIM)
     model = get_user_model()
-    user = model.objects.filter(**{model.USERNAME_FIELD: username}, is_active=True).first()
+    user = model.objects.filter(**{model.USERNAME_FIELD: username}).first()
     if not isinstance(username, str) or user is None:
         raise JwtRefused("invalid-credentials")
+    if not user.is_active:
+        raise JwtRefused("user-inactive")
     scopes = claims.get("scope", claims.get("scp", ""))
     scopes = scopes.split() if isinstance(scopes, str) else [str(scope) for scope in scopes]
     client_id = str(claims.get("client_id") or claims.get("azp") or "")

@@ -11,6 +11,7 @@ against its JWKS instead (access/jwt_tokens.py), under the same rule.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +39,16 @@ class Grant:
     user_id: int
     client_id: str
     scopes: tuple[str, ...]
+
+
+# RFC 6750's b64token, bounded: what an access token can be at all.
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+MAX_TOKEN_LENGTH = 8192
+
+
+def well_formed(token: str) -> bool:
+    """Whether `token` could be an access token (RFC 6750 §2.1's syntax, bounded)."""
+    return len(token) <= MAX_TOKEN_LENGTH and _TOKEN.fullmatch(token) is not None
 
 
 def enabled() -> bool:
@@ -83,9 +94,10 @@ def verify(token: str, resource: str) -> Grant:
         # The toolkit's default lets an unrestricted token through; MCP does not.
         raise TokenRefused("wrong-audience")
     user = access_token.user
-    if user is None or not user.is_active:
-        # A client-credentials token acts for nobody; a deactivated user for no one.
-        raise TokenRefused("invalid-credentials")
+    if user is None:
+        raise TokenRefused("invalid-credentials")  # client credentials: for nobody
+    if not user.is_active:
+        raise TokenRefused("user-inactive")
     application = access_token.application
     return Grant(
         user_id=user.pk,

@@ -116,4 +116,4 @@ def test_a_jwt_signed_by_another_key_is_invalid() -> None:
 @pytest.mark.usefixtures("jwks")
 def test_a_jwt_never_makes_a_user_nor_revives_a_deactivated_one() -> None:
     assert refusal(token_for("nobody-here")) == "invalid-credentials"
-    assert refusal(token_for(person(active=False))) == "invalid-credentials"
+    assert refusal(token_for(person(active=False))) == "user-inactive"

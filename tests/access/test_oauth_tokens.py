@@ -127,13 +127,39 @@ def test_a_revoked_token_is_invalid() -> None:
         oauth_tokens.verify(token, MCP)
 
 
-def test_a_deactivated_users_token_is_invalid() -> None:
+def test_a_deactivated_users_token_is_refused_as_such() -> None:
     user = person()
     token = issued(user)
-    user.is_active = False
-    user.save()
-    with pytest.raises(oauth_tokens.TokenRefused):
+    type(user).objects.filter(pk=user.pk).update(is_active=False)
+    with pytest.raises(oauth_tokens.TokenRefused) as refused:
         oauth_tokens.verify(token, MCP)
+    assert refused.value.reason == "user-inactive"
+
+
+@pytest.mark.parametrize(
+    "presented", ["abp-page-not-a-token", "abp.anything", "has spaces in it", "x" * 9000]
+)
+def test_what_cannot_be_an_access_token_is_refused_without_a_lookup(presented: str) -> None:
+    assert not credentials._looked_up(presented)
+    with pytest.raises(credentials.Refused) as refused:
+        credentials.authenticate(scope_with(presented))
+    assert refused.value.reason == "invalid-credentials"
+
+
+def test_a_deactivated_owners_key_and_page_are_refused_as_such() -> None:
+    from capabilities.access import agent_keys, page_tokens
+
+    user = person()
+    _, key = agent_keys.create_key("owned", owner=user)
+    page = page_tokens.issue("http://127.0.0.1", user_id=user.pk)
+    type(user).objects.filter(pk=user.pk).update(is_active=False)
+    for presented in (key, page):
+        scope = scope_with(presented, path="/abp/ws")
+        scope["headers"].append((b"origin", b"http://127.0.0.1"))
+        assert credentials._looked_up(presented)
+        with pytest.raises(credentials.Refused) as refused:
+            credentials.authenticate(scope)
+        assert refused.value.reason == "user-inactive"
 
 
 def test_a_token_without_the_jobs_scope_is_refused_for_its_scope() -> None:
