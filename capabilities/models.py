@@ -139,7 +139,8 @@ class AgentSession(models.Model):
     agent_key = models.ForeignKey(
         AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions"
     )
-    # How the connection authenticated: key, page (a page token) or anonymous.
+    # How the connection authenticated: key, token (OAuth), page (a page token) or
+    # anonymous.
     auth = models.CharField(max_length=10, blank=True)
     door = models.CharField(max_length=10, choices=Door.choices, default=Door.ABP)
     client_address = models.CharField(max_length=100, blank=True)
@@ -155,6 +156,9 @@ class AgentSession(models.Model):
         on_delete=models.SET_NULL,
         related_name="abp_sessions",
     )
+    # What opened it for the user: an agent key's prefix or an OAuth client's id
+    # (revoking that client's tokens closes its sessions: oauth/revocation.py).
+    client = models.CharField(max_length=200, blank=True)
     connected_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
     close_reason = models.CharField(max_length=300, blank=True)

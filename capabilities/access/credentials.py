@@ -80,7 +80,8 @@ def resource_url(scope: Mapping[str, Any]) -> str:
     http(s) for WebSockets too: a token names the server's resource, not the scheme
     of one door. Behind a proxy, the Host it forwarded (`with_abp`).
     """
-    scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme", "http"), scope.get("scheme"))
+    scheme = str(scope.get("scheme") or "http")
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
     host = _headers(scope).get(b"host", b"").decode("latin-1")
     return f"{scheme}://{host}{scope.get('path', '')}"
 

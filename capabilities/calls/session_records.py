@@ -70,6 +70,7 @@ def record_session(
         client_address=principal.client_address[:100],
         principal=principal.rate_limit_id[:120],
         user_id=principal.user_id,
+        client=principal.client[:200],
         resume_hash=resume_hash,
         per_call=per_call,
     )

@@ -42,7 +42,7 @@ patterns = [
     ),
     _endpoint("authorize", views.ConsentView.as_view(), "authorize"),
     _endpoint("token", toolkit.TokenView.as_view(), "token"),
-    _endpoint("revoke_token", toolkit.RevokeTokenView.as_view(), "revoke-token"),
+    _endpoint("revoke_token", views.ClosingRevokeTokenView.as_view(), "revoke-token"),
     _endpoint("introspect", toolkit.IntrospectTokenView.as_view(), "introspect"),
     _endpoint("register", views.BoundedRegistrationView.as_view(), "dcr-register"),
     path(
@@ -58,7 +58,7 @@ patterns = [
     ),
     path(
         "o/authorized_tokens/<slug:pk>/delete/",
-        toolkit.AuthorizedTokenDeleteView.as_view(),
+        views.ClosingAuthorizedTokenDeleteView.as_view(),
         name="authorized-token-delete",
     ),
 ]

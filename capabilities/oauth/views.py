@@ -8,11 +8,16 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
 from oauth2_provider.settings import oauth2_settings
-from oauth2_provider.views import AuthorizationView, DynamicClientRegistrationView
+from oauth2_provider.views import (
+    AuthorizationView,
+    AuthorizedTokenDeleteView,
+    DynamicClientRegistrationView,
+    RevokeTokenView,
+)
 
 from capabilities.access import rate_limits
 from capabilities.access.credentials import client_address_of
-from capabilities.oauth import registration
+from capabilities.oauth import registration, revocation
 
 # Registrations per client address per minute: one per connection is what the
 # agent apps do, and a flood fills the table.
@@ -67,3 +72,25 @@ class ConsentView(AuthorizationView):  # type: ignore[misc]
 
     def _redirect_uri(self) -> str:
         return str(getattr(self, "oauth2_data", {}).get("redirect_uri", "") or "")
+
+
+class ClosingRevokeTokenView(RevokeTokenView):  # type: ignore[misc]
+    """RFC 7009 revocation; the app's sessions for the user close with its last token."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        grant = revocation.grant_of(str(request.POST.get("token", "")))
+        response: HttpResponse = super().post(request, *args, **kwargs)
+        if response.status_code == 200 and grant is not None:
+            revocation.withdraw_if_revoked(*grant)
+        return response
+
+
+class ClosingAuthorizedTokenDeleteView(AuthorizedTokenDeleteView):  # type: ignore[misc]
+    """A user revokes an app's token; the app's sessions for them close with its last."""
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        token = self.get_object()
+        grant = (token.user_id, token.application.client_id if token.application else "")
+        response: HttpResponse = super().form_valid(form)
+        revocation.withdraw_if_revoked(*grant)
+        return response

@@ -7,6 +7,7 @@ CLOSE_CODES = {
     "invalid-credentials": 4401,
     "key-revoked": 4403,
     "user-inactive": 4403,
+    "token-revoked": 4403,
     "expired-credentials": 4419,
     "wrong-audience": 4401,
     "insufficient-scope": 4403,
@@ -20,6 +21,7 @@ REFUSAL_MESSAGES = {
     "invalid-credentials": "The agent key, access token or page token is not valid.",
     "key-revoked": "The agent key was revoked.",
     "user-inactive": "The user this credential acts for was deactivated.",
+    "token-revoked": "The access token was revoked.",
     "expired-credentials": "The page token expired; reload the page (or fetch a new one).",
     "wrong-audience": "The access token was not issued for this server: ask for it with this "
     "server's URL as its resource (RFC 8707).",
@@ -31,4 +33,5 @@ REFUSAL_MESSAGES = {
 WITHDRAWN_BECAUSE = {
     "key-revoked": "agent key revoked",
     "user-inactive": "user deactivated",
+    "token-revoked": "access token revoked",
 }

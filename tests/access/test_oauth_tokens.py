@@ -105,6 +105,10 @@ def test_a_token_for_the_whole_site_is_accepted_at_every_door() -> None:
     token = issued(person(), resource=["http://127.0.0.1/"])
     for path in ("/mcp", "/abp/ws", "/abp/rpc"):
         assert credentials.authenticate(scope_with(token, path=path)).kind == "token"
+    # A WebSocket's scope as Daphne gives it: `ws`, or no scheme at all.
+    for scheme in ("ws", None):
+        websocket = {**scope_with(token, path="/abp/ws"), "type": "websocket", "scheme": scheme}
+        assert credentials.authenticate(websocket).kind == "token"
 
 
 @pytest.mark.parametrize("token", ["", "not-a-token", "x" * 40])

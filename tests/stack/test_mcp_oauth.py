@@ -36,6 +36,7 @@ from capabilities.models import Job, JobStatus
 from tests.access.test_oauth_tokens import issued
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 from tests.stack.test_mcp_inspector import PACKAGE, inspector
+from tests.support.agent import Agent
 from tests.support.mcp_clients import RawSession
 from tests.support.node_scripts import node_for
 from tests.support.stack import Stack
@@ -290,3 +291,43 @@ def test_a_capability_that_needs_another_scope_steps_the_token_up(stack: Stack) 
     assert found["scoped"] == {"user": user.get_username()}
     assert set((found["after"] or "").split()) == {"jobs", "test:scoped"}
     assert "test:scoped" not in (found["before"] or "")
+
+
+def test_revoking_an_apps_token_closes_the_sessions_it_opened_and_no_others(
+    stack: Stack,
+) -> None:
+    from oauth2_provider.models import AccessToken
+
+    from capabilities.calls import user_deactivation
+
+    user = person()
+    site = f"{stack.http_url}/"
+    revoked, kept = issued(user, resource=[site]), issued(user, resource=[site])
+    revoked_row = AccessToken.objects.get(token_checksum=_checksum(revoked))
+    with Agent(stack.ws_url, key=revoked) as by_revoked, Agent(stack.ws_url, key=kept) as other:
+        assert "error" not in by_revoked.initialize()["payload"]
+        assert "error" not in other.initialize()["payload"]
+        answer = httpx2.post(
+            f"{stack.http_url}/o/revoke_token",
+            data={"token": revoked, "client_id": revoked_row.application.client_id},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+        assert by_revoked.read_until_closed(timeout=user_deactivation.closed_within()) == 4403
+        refusal = [
+            note["payload"]["data"]["details"]["reason"]
+            for note in by_revoked.inbox
+            if note["payload"].get("event") == "notifications/error"
+        ]
+        assert refusal == ["token-revoked"]
+        # Another app of the same user keeps its session.
+        still = other.call("test.whoami", {}, call_id="still-here")
+        assert other.result_of(still)["payload"]["success"] is True
+    with Agent(stack.ws_url, key=revoked) as again:
+        assert again.read_until_closed() == 4401
+
+
+def _checksum(token: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(token.encode()).hexdigest()
