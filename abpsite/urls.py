@@ -1,4 +1,4 @@
-"""Root URLs: the admin, sign-in, the demo's home page, and the app's routes (capabilities/urls.py)."""
+"""Root URLs: the admin, sign-in, the demo's home page, the app's routes (capabilities/urls.py)."""
 
 from django.contrib import admin
 from django.urls import include, path
