@@ -183,7 +183,7 @@ def test_a_token_from_the_flow_cancels_its_own_task_and_no_one_elses(stack: Stac
     found: dict[str, Any] = {}
 
     async def main() -> None:
-        async with connected(mcp_url, consenting, storage, cimd=False, mode="legacy") as client:
+        async with connected(mcp_url, consenting, storage, cimd=False, mode="auto") as client:
             await client.list_tools()
         assert storage.tokens is not None
         async with httpx2.AsyncClient(timeout=30) as http:
@@ -222,7 +222,7 @@ def test_a_refresh_token_rotates_and_a_reused_one_is_refused(stack: Stack) -> No
     found: dict[str, Any] = {}
 
     async def main() -> None:
-        async with connected(mcp_url, consenting, storage, cimd=False, mode="legacy") as client:
+        async with connected(mcp_url, consenting, storage, cimd=False, mode="auto") as client:
             await client.list_tools()
         assert storage.tokens is not None
         assert storage.client is not None
@@ -278,7 +278,7 @@ def test_a_capability_that_needs_another_scope_steps_the_token_up(stack: Stack) 
     found: dict[str, Any] = {}
 
     async def main() -> None:
-        async with connected(mcp_url, consenting, storage, cimd=False, mode="legacy") as client:
+        async with connected(mcp_url, consenting, storage, cimd=False, mode="auto") as client:
             found["before"] = storage.tokens.scope if storage.tokens else None
             # 403 insufficient_scope names `jobs test:scoped`; the SDK asks the user
             # again (the consent page, in Chromium) and retries with the new token.
