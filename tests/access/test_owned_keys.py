@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import override_settings
 
 from capabilities.access import owned_keys
 from capabilities.access.owned_keys import KeyRefused, Refusal
 from capabilities.models import AgentKey
+from tests.support.people import person
 
 pytestmark = pytest.mark.usefixtures("database")
-
-
-def person(*perms: str) -> Any:
-    made = get_user_model().objects.create_user(username=f"o-{uuid.uuid4().hex[:10]}")
-    for name in perms:
-        label, codename = name.split(".")
-        made.user_permissions.add(
-            Permission.objects.get(content_type__app_label=label, codename=codename)
-        )
-    return made
 
 
 def test_a_user_may_scope_a_key_to_what_they_may_call() -> None:

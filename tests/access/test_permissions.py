@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.core.exceptions import PermissionDenied
 
 from capabilities.access import agent_keys, permissions
@@ -24,6 +22,7 @@ from capabilities.models import AgentSession, Job
 from capabilities.protocol import ErrorCode
 from capabilities.work import registry
 from capabilities.work.declare import capability
+from tests.support.people import person
 
 NAME = "test.checked"
 SCHEMA = {"type": "object"}
@@ -49,15 +48,7 @@ def declare(check: Check, *, perms: tuple[str, ...] = ()) -> registry.Capability
 
 
 def user(*perms: str, active: bool = True) -> Any:
-    made = get_user_model().objects.create_user(
-        username=f"p-{uuid.uuid4().hex[:10]}", is_active=active
-    )
-    for name in perms:
-        label, codename = name.split(".")
-        made.user_permissions.add(
-            Permission.objects.get(content_type__app_label=label, codename=codename)
-        )
-    return made
+    return person(*perms, active=active, prefix="p")
 
 
 # -- the check's answers (no database: no permissions declared) ---------------------------

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import datetime
 import re
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AnonymousUser, Permission
+from django.contrib.auth.models import AnonymousUser
 from django.db import transaction
 from django.test import RequestFactory, override_settings
 from django.utils import timezone
@@ -35,6 +33,7 @@ from tests.notes import views
 from tests.notes.abp_capabilities import ExportParams, Rename, export_notes, rename_note
 from tests.notes.models import Note
 from tests.support.paths import ROOT
+from tests.support.people import person
 from tests.testapp.abp_capabilities import run_sleep
 
 pytestmark = pytest.mark.usefixtures("database")
@@ -64,15 +63,7 @@ def seams(monkeypatch: pytest.MonkeyPatch) -> Seams:
 
 
 def user(*perms: str, active: bool = True) -> Any:
-    made = get_user_model().objects.create_user(
-        username=f"a-{uuid.uuid4().hex[:10]}", is_active=active
-    )
-    for name in perms:
-        label, codename = name.split(".")
-        made.user_permissions.add(
-            Permission.objects.get(content_type__app_label=label, codename=codename)
-        )
-    return made
+    return person(*perms, active=active, prefix="a")
 
 
 @pytest.fixture

@@ -9,14 +9,11 @@ while the job waited.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.core.files.storage import default_storage
 from django.db import transaction
 from django.test import override_settings
@@ -25,6 +22,7 @@ from capabilities import EnqueueRefused, JobHandle
 from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
 from tests.notes.abp_capabilities import ExportParams, Rename, export_notes, rename_note
 from tests.notes.models import Note
+from tests.support.people import person
 from tests.support.stack import Stack
 from tests.support.waiting import eventually
 from tests.testapp.abp_capabilities import run_sleep
@@ -33,13 +31,7 @@ pytestmark = pytest.mark.usefixtures("stack")
 
 
 def user(*perms: str) -> Any:
-    made = get_user_model().objects.create_user(username=f"e-{uuid.uuid4().hex[:10]}")
-    for name in perms:
-        label, codename = name.split(".")
-        made.user_permissions.add(
-            Permission.objects.get(content_type__app_label=label, codename=codename)
-        )
-    return made
+    return person(*perms, prefix="e")
 
 
 def reader() -> Any:

@@ -20,7 +20,6 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import httpx2
 import pytest
-from django.contrib.auth import get_user_model
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
@@ -36,6 +35,7 @@ from capabilities.models import Job, JobStatus
 from tests.access.test_oauth_tokens import issued
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS
 from tests.stack.test_mcp_inspector import PACKAGE, inspector
+from tests.support import people
 from tests.support.agent import Agent
 from tests.support.mcp_clients import RawSession
 from tests.support.node_scripts import node_for
@@ -70,9 +70,13 @@ class Memory:
 
 
 def person() -> Any:
-    return get_user_model().objects.create_user(
-        username=f"oauth-{uuid.uuid4().hex[:8]}", password=PASSWORD
-    )
+    return people.person(password=PASSWORD, prefix="oauth")
+
+
+def new_flow(stack: Stack) -> tuple[Any, str, Consenting, Memory]:
+    """A user who may sign in, the stack's /mcp, their browser, and the client's storage."""
+    user = person()
+    return user, f"{stack.http_url}/mcp", Consenting(user.get_username()), Memory()
 
 
 class Consenting:
@@ -146,10 +150,7 @@ async def connected(
 def test_the_sdk_connects_by_oauth_and_acts_as_the_user_who_consented(
     stack: Stack, registration: str, mode: str
 ) -> None:
-    user = person()
-    mcp_url = f"{stack.http_url}/mcp"
-    consenting = Consenting(user.get_username())
-    storage = Memory()
+    user, mcp_url, consenting, storage = new_flow(stack)
     found: dict[str, Any] = {}
 
     async def main() -> None:
@@ -176,10 +177,7 @@ def test_the_sdk_connects_by_oauth_and_acts_as_the_user_who_consented(
 
 
 def test_a_token_from_the_flow_cancels_its_own_task_and_no_one_elses(stack: Stack) -> None:
-    user = person()
-    mcp_url = f"{stack.http_url}/mcp"
-    consenting = Consenting(user.get_username())
-    storage = Memory()
+    user, mcp_url, consenting, storage = new_flow(stack)
     found: dict[str, Any] = {}
 
     async def main() -> None:
@@ -215,10 +213,7 @@ async def session_rpc(session: RawSession, method: str, params: dict[str, Any]) 
 
 
 def test_a_refresh_token_rotates_and_a_reused_one_is_refused(stack: Stack) -> None:
-    user = person()
-    mcp_url = f"{stack.http_url}/mcp"
-    consenting = Consenting(user.get_username())
-    storage = Memory()
+    _, mcp_url, consenting, storage = new_flow(stack)
     found: dict[str, Any] = {}
 
     async def main() -> None:
@@ -271,10 +266,7 @@ def test_the_inspector_calls_with_a_token_issued_for_mcp_and_not_one_issued_for_
 
 
 def test_a_capability_that_needs_another_scope_steps_the_token_up(stack: Stack) -> None:
-    user = person()
-    mcp_url = f"{stack.http_url}/mcp"
-    consenting = Consenting(user.get_username())
-    storage = Memory()
+    user, mcp_url, consenting, storage = new_flow(stack)
     found: dict[str, Any] = {}
 
     async def main() -> None:

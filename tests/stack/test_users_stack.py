@@ -4,28 +4,20 @@ without them before anything is stored."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import anyio
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 
 from capabilities.access import agent_keys
 from capabilities.models import Job
 from tests.support.agent import Agent
 from tests.support.mcp_clients import official_client
+from tests.support.people import person
 from tests.support.stack import Stack
 
 
 def user(*perms: str) -> Any:
-    made = get_user_model().objects.create_user(username=f"s-{uuid.uuid4().hex[:10]}")
-    for name in perms:
-        label, codename = name.split(".")
-        made.user_permissions.add(
-            Permission.objects.get(content_type__app_label=label, codename=codename)
-        )
-    return made
+    return person(*perms, prefix="s")
 
 
 def key_for(owner: Any = None, scopes: tuple[str, ...] = ()) -> str:

@@ -9,28 +9,17 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.urls import reverse
 
 from capabilities.access import agent_keys
 from capabilities.models import AgentKey
+from tests.support.people import person
 
 pytestmark = pytest.mark.usefixtures("database")
 
 KEY = re.compile(r"abp_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
 PAGE = "/abp/keys/"
-
-
-def person(*perms: str) -> Any:
-    made = get_user_model().objects.create_user(username=f"k-{uuid.uuid4().hex[:10]}")
-    for name in perms:
-        label, codename = name.split(".")
-        made.user_permissions.add(
-            Permission.objects.get(content_type__app_label=label, codename=codename)
-        )
-    return made
 
 
 def signed_in(user: Any, *, enforce_csrf_checks: bool = False) -> Client:
