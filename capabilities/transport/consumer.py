@@ -39,7 +39,7 @@ from capabilities.calls.background import Background
 from capabilities.calls.start_order import StartOrder, StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.conf import abp_settings
-from capabilities.jobs import lifecycle, notes
+from capabilities.jobs import lifecycle
 from capabilities.models import Door, Job, session_group
 from capabilities.protocol import (
     CallRequest,
@@ -54,7 +54,7 @@ from capabilities.protocol import (
 from capabilities.session import actions as do
 from capabilities.session.machine import Session
 from capabilities.session.wire import Wire
-from capabilities.transport import availability_watch
+from capabilities.transport import availability_watch, takeover_notice
 from capabilities.transport.background import Timers
 from capabilities.transport.call_starts import CallStarts
 from capabilities.transport.session_io import SessionIO
@@ -273,8 +273,10 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             case do.LetGo():
                 held_sessions.release(self.channel_name)
             case do.AnnounceTakeover():
-                note = notes.session_superseded(action.generation)
-                await self.channel_layer.group_send(session_group(action.session_id), note)
+                told = (self.channel_layer, action.session_id, action.generation)
+                if not await takeover_notice.announce(*told):
+                    # The reply with the new token goes out all the same.
+                    self.background.run(takeover_notice.keep_announcing(*told))
             case do.OpenSession():
                 return await self.open_session(action)
             case do.ResumeSession():

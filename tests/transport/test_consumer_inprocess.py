@@ -791,6 +791,43 @@ def test_a_resume_that_fails_on_the_channel_layer_leaves_the_token_working(key: 
     run(scenario)
 
 
+def test_a_resume_whose_takeover_notice_the_channel_layer_refuses_still_answers(
+    key: str,
+) -> None:
+    # The Daphne holding the session killed and Redis stopped at once (issue #46): the
+    # notice to the old connection failed after the new token was committed, the
+    # socket closed with 1011 and no reply, and the token it had was refused next.
+    async def scenario() -> None:
+        old = Agent(key)  # still holds the session: a half-open socket
+        await old.connect()
+        opened = (await old.initialize())["payload"]
+        session_id, token = opened["sessionId"], opened["resumeToken"]
+
+        layer = get_channel_layer()
+        real_group_send = layer.group_send
+        refusing = {"on": True}
+
+        async def group_send(group: str, message: dict[str, Any]) -> None:
+            if refusing["on"] and message.get("type") == "session.superseded":
+                raise ConnectionError("Redis is restarting")
+            await real_group_send(group, message)
+
+        failing = mock.AsyncMock(side_effect=group_send)
+        with mock.patch.object(layer, "group_send", failing):
+            new = Agent(key)
+            await new.connect()
+            reply = (await resume(new, session_id, token))["payload"]
+            assert "error" not in reply, reply
+            assert reply["resumeToken"] != token
+            # Redis back: the old connection is told in the background, and goes.
+            refusing["on"] = False
+            assert await old.closed_with() == 4409
+        assert failing.await_count >= 2
+        await new.disconnect(1006)
+
+    run(scenario)
+
+
 def test_a_socket_opened_on_a_stopping_process_is_closed_with_1012() -> None:
     async def scenario() -> None:
         agent = Agent(key=None)

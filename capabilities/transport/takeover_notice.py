@@ -1,0 +1,46 @@
+"""Telling a session's old connection that a resume took the session over.
+
+The notice goes out after the new resume token is committed and before the reply
+that carries it. If the channel layer refuses it (Redis restarting), the reply must
+still go out: a resume that failed there left the agent with a token that no longer
+worked, and its session lost (issue #46's first defect). The old connection is told
+later instead, in the background, until the grace period ends; meanwhile each result
+is still claimed once in the database, so it is sent on one connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from capabilities.conf import abp_settings
+from capabilities.jobs import notes
+from capabilities.models import session_group
+
+logger = logging.getLogger(__name__)
+
+# Pauses between later attempts, the last repeated (seconds).
+RETRY_PAUSES = (0.25, 0.5, 1.0, 2.0)
+
+
+async def announce(layer: Any, session_id: str, generation: int) -> bool:
+    """Send the notice once; False if the channel layer refused it."""
+    try:
+        await layer.group_send(session_group(session_id), notes.session_superseded(generation))
+    except Exception:  # the layer's errors are its backend's (redis-py's, OSError)
+        logger.warning("Could not tell session %s's old connection yet", session_id)
+        return False
+    return True
+
+
+async def keep_announcing(layer: Any, session_id: str, generation: int) -> None:
+    """Send it again until it is taken, or the old connection's grace is over."""
+    deadline = asyncio.get_running_loop().time() + abp_settings().RESUME_GRACE_SECONDS
+    for attempt in range(1_000_000):
+        await asyncio.sleep(RETRY_PAUSES[min(attempt, len(RETRY_PAUSES) - 1)])
+        if await announce(layer, session_id, generation):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            logger.error("Session %s's old connection was never told of its takeover", session_id)
+            return
