@@ -132,9 +132,11 @@ class LanePool:
         return True
 
     def wait_ready(self, timeout: float) -> bool:
-        """Wait until every process has prepared its runners (blocking); False if not in time."""
+        """Wait until every process has prepared its runners (blocking); False if not in
+        time, or if the pool closed meanwhile."""
         deadline = time.monotonic() + timeout
-        return all(slot.ready.wait(max(deadline - time.monotonic(), 0)) for slot in self._slots)
+        ready = all(slot.ready.wait(max(deadline - time.monotonic(), 0)) for slot in self._slots)
+        return ready and not self._closed
 
     def pids(self) -> list[int]:
         """The processes' pids (those started)."""
@@ -158,6 +160,9 @@ class LanePool:
             with slot.lock:
                 if slot.process is not None:
                     _kill(slot.process)
+            # Whoever waits for the lane to be warm waits no more: an executor thread
+            # still waiting would hold the process's exit (concurrent.futures joins them).
+            slot.ready.set()
         for thread in self._threads:
             thread.join(timeout=5)
 
@@ -252,7 +257,8 @@ class LanePool:
         """Kill the slot's process and forget it (a new one starts with the next task)."""
         with slot.lock:
             process, slot.process = slot.process, None
-            slot.ready.clear()
+            if not self._closed:  # a closed pool's waiters are released for good
+                slot.ready.clear()
         conn.close()
         if process is not None:
             _kill(process)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -198,3 +199,20 @@ def test_a_process_starting_while_the_pool_closes_is_ended_with_it() -> None:
     assert late.pid is not None
     assert gone(late.pid)
     assert ends.none_within(0.5)  # dropped with the pool: the reaper answers its job
+
+
+def test_closing_releases_whoever_waits_for_the_lane_to_be_warm() -> None:
+    # A Daphne stopped while its lane warmed up could not exit: the warm-up's executor
+    # thread waited (up to a minute), and the interpreter joins those at exit.
+    lane = LanePool(1, 512, [SLEEP])
+    waited: queue.SimpleQueue[tuple[bool, float]] = queue.SimpleQueue()
+
+    def wait() -> None:
+        began = time.monotonic()
+        waited.put((lane.wait_ready(60), time.monotonic() - began))
+
+    threading.Thread(target=wait, daemon=True).start()
+    lane.close()
+    ready, took = waited.get(timeout=10)
+    assert ready is False
+    assert took < 10

@@ -6,7 +6,10 @@ each resumes on another Daphne with its call in flight answered once there.
 
 from __future__ import annotations
 
+import contextlib
 import time
+
+import psutil  # type: ignore[import-untyped]
 
 from capabilities.models import AgentSession, Job
 from tests.stack.test_resume import call_results, dropped
@@ -72,3 +75,65 @@ def test_a_key_that_cannot_be_checked_is_closed_with_1013_by_a_real_daphne(stack
             assert agent.read_until_closed(timeout=10) == 1013
         finally:
             agent.close()
+
+
+LANE = {
+    # test.sleep runs in the lane too here, so that a run is in a lane process.
+    "ABP_LOCAL_LANE_CAPABILITIES": "convert.markdownToHtml,test.sleep",
+    "ABP_LOCAL_LANE_PROCESSES": "2",
+}
+
+
+def lane_processes(daphne_pid: int) -> list[psutil.Process]:
+    """The Daphne's descendants that run lane work: the fork server's children."""
+    found = []
+    for child in psutil.Process(daphne_pid).children(recursive=True):
+        try:
+            if child.ppid() != daphne_pid:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass  # gone meanwhile (a lane process restarting)
+    return found
+
+
+def test_a_stopping_daphne_leaves_no_lane_process_behind_busy_or_restarting(
+    stack: Stack,
+) -> None:
+    port = free_port()
+    leaving = stack.new_web(port, name="daphne-lane-stop", env=LANE)
+    leaving.start(lambda: port_open(port))
+    try:
+        with Agent(f"ws://127.0.0.1:{port}/abp/ws") as agent:
+            agent.initialize()
+            agent.result_of(agent.call("convert.markdownToHtml", {"markdown": "# warm"}))
+            pid = leaving.pid
+            eventually(lambda: len(lane_processes(pid)) >= 2)
+            lanes = lane_processes(pid)
+            # One process busy with a run; the other killed, so the lane restarts it
+            # as the next call comes: the stop meets both.
+            agent.call("test.sleep", {"steps": 100, "stepMs": 10}, call_id="busy")
+            eventually(
+                lambda: (
+                    Job.objects.filter(session_id=agent.session_id, call_id="busy")
+                    .exclude(started_at=None)
+                    .exists()
+                )
+            )
+            idle = [process for process in lanes if process.is_running()][-1]
+            with contextlib.suppress(psutil.NoSuchProcess):
+                idle.kill()
+            agent.call("convert.markdownToHtml", {"markdown": "# again"}, call_id="restart")
+            seen = {process.pid for process in lane_processes(pid)} | {p.pid for p in lanes}
+            leaving.stop()
+    finally:
+        leaving.kill()
+    assert "Local lane stopped" in leaving.log_text(), leaving.tail()
+    # Every lane process there was, busy, idle or just started, has ended.
+    eventually(lambda: not [p for p in seen if psutil.pid_exists(p) and not _zombie(p)])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
