@@ -19,7 +19,7 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-EXTRAS = "pdf,images,markdown,s3,postgres,tracing"
+EXTRAS = "pdf,images,markdown,s3,postgres,tracing,oauth"
 
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_missing_interpreters = True
