@@ -1,24 +1,22 @@
 """The Django user behind a plain HTTP request to the app's own JSON endpoints.
 
-One branch per kind of credential, tried in order:
-- the signed-in session user (Django's `request.user`);
-- an agent key as `Authorization: Bearer abp_...`: its owner, while the key is not
-  revoked and the owner is active. A service key (no owner) acts for nobody;
-- an OAuth access token as `Authorization: Bearer ...`, issued for this URL (or the
-  whole site) with the `jobs` scope: the user who granted it (access/oauth_tokens.py).
-
-A credential in the query string is never taken here: URLs end up in logs, browser
-history and Referer headers. Nobody (None) is an answer, not an error: the caller
-says 401.
+The signed-in session user (Django's `request.user`), else the user an
+`Authorization: Bearer` credential acts for, checked exactly as the doors check it
+(access/credentials.py): an agent key's active owner, an OAuth access token issued
+for this URL (or the whole site) with the `jobs` scope. A service key acts for
+nobody. A credential in the query string is never taken here: URLs end up in logs,
+browser history and Referer headers. Nobody (None) is an answer, not an error: the
+caller says 401.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest
 
-from capabilities.access import agent_keys, oauth_tokens
+from capabilities.access import credentials
+from capabilities.work.users import load_user
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
@@ -30,32 +28,13 @@ def user_for_request(request: HttpRequest) -> AbstractBaseUser | None:
     if session_user is not None and session_user.is_authenticated:
         signed_in: AbstractBaseUser = session_user
         return signed_in
-    presented = bearer_of(request)
-    if presented and agent_keys.looks_like_key(presented):
-        key = agent_keys.find_key(presented)
-        if key is None or key.is_revoked or key.owner is None or not key.owner.is_active:
-            return None
-        agent_keys.record_use(key)
-        owner: AbstractBaseUser = key.owner
-        return owner
-    if presented and oauth_tokens.enabled():
-        return _token_user(presented, request)
-    return None
-
-
-def _token_user(presented: str, request: HttpRequest) -> AbstractBaseUser | None:
-    """The user of an access token presented at this request's URL, if it is valid."""
-    from django.contrib.auth import get_user_model
-
-    resource = oauth_tokens.public_url(request.build_absolute_uri(request.path))
+    if bearer_of(request) is None:
+        return None
     try:
-        grant = oauth_tokens.verify(presented, resource)
-    except oauth_tokens.TokenRefused:
+        principal = credentials.authenticate(_scope_of(request), query=False)
+    except credentials.Refused:
         return None
-    if oauth_tokens.JOBS_SCOPE not in grant.scopes:
-        return None
-    user: AbstractBaseUser | None = get_user_model().objects.filter(pk=grant.user_id).first()
-    return user
+    return load_user(principal.user_id) if principal.kind in ("key", "token") else None
 
 
 def bearer_of(request: HttpRequest) -> str | None:
@@ -64,3 +43,18 @@ def bearer_of(request: HttpRequest) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return value.strip() or None
+
+
+def _scope_of(request: HttpRequest) -> dict[str, Any]:
+    """The request as the doors' credential check reads a connection."""
+    return {
+        "type": "http",
+        "scheme": request.scheme,
+        "path": request.path,
+        "headers": [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in request.headers.items()
+        ],
+        "client": (str(request.META.get("REMOTE_ADDR", "")), 0),
+        "query_string": b"",
+    }
