@@ -2,7 +2,8 @@
 continuous load on every door while faults are injected at random, from a seed.
 
 - `stack.py`: a private PostgreSQL cluster, the deployment's processes (topology.py),
-  HAProxy in front of the Daphnes, a stallable relay between the Daphnes and Redis;
+  HAProxy in front of the Daphnes, a relay between the Daphnes and Redis that can stall
+  or refuse (`relay.py`);
   `settings.py` and `retention.py`: what the stack runs with that the tests' does not;
 - `plan.py`: what each call is (small or heavy, when it is cancelled, its timeout);
 - `ledger.py`: every call on every door, its frames and its answers, on one clock;

@@ -1,6 +1,6 @@
 """The production-like stack of the soak: a private PostgreSQL cluster, the deployment's
 processes (tests/support/topology.py), HAProxy in front of the Daphnes as deploy/
-haproxy.cfg has it, and a relay on the Daphnes' path to Redis that can stall.
+haproxy.cfg has it, and a relay on the Daphnes' path to Redis that can stall or refuse.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 from tests.support import fleet
 from tests.support.postgres_server import PostgresServer
 from tests.support.soak.doors import browser
+from tests.support.soak.relay import RedisRelay
 from tests.support.soak.retention import RETENTION_SECONDS
 from tests.support.stack import free_port, port_open
-from tests.support.tcp_relay import TcpRelay
 from tests.support.topology import Process, Topology, local_proxy_config
 
 SETTINGS = {
@@ -46,7 +46,7 @@ class SoakStack:
             database_server=self.postgres.url,
         )  # fmt: skip
         # The Daphnes reach Redis (channel layer, abort flags, broker) through the relay.
-        self.relay = TcpRelay(self.topology.redis_port)
+        self.relay = RedisRelay(self.topology.redis_port)
         for web in self.topology.webs:
             web.process.env["REDIS_URL"] = f"redis://127.0.0.1:{self.relay.port}/0"
         self.proxy_port = free_port()
