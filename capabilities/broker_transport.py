@@ -4,11 +4,10 @@ A Redis restart can leave a worker's channel half closed: its first close fails 
 the dead socket (before it is marked closed), then the connection drops its
 transport. Closing the channel again (Celery does, before reconnecting) restores its
 unacknowledged messages, and kombu, reading the broker's address from the dropped
-transport, raised AttributeError. Celery ignores only connection errors there, so
-the worker died ("Unrecoverable error"; the soak lost both heavy workers to it). Here
-that state is the connection error it is: Celery goes on to reconnect, and the
-message, still in Redis' unacked set, is restored as kombu restores any
-(docs/reliability.md).
+transport, raises AttributeError. Celery ignores only connection errors there, so
+the worker would die ("Unrecoverable error"). Here that state is the connection
+error it is: Celery goes on to reconnect, and the message, still in Redis' unacked
+set, is restored as kombu restores any (docs/reliability.md).
 """
 
 from __future__ import annotations

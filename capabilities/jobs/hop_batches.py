@@ -1,8 +1,8 @@
 """Work for the database thread, gathered while it is busy and done in one hop.
 
 Daphne's ORM work runs in one thread (Channels' `database_sync_to_async`). Besides
-its SQL, each hop costs the event loop and the thread about 0.1 ms of CPU: a future,
-a copied context, the executor's queue, closing stale connections, a wake-up of the
+its SQL, each hop costs the event loop and the thread CPU of its own: a future, a
+copied context, the executor's queue, closing stale connections, a wake-up of the
 loop. Under load, calls come faster than the thread serves them. A HopBatch then
 hands everything that came in during one hop to the next, in the order it came, and
 each item gets its own result or exception. Its runner may also write the batch in

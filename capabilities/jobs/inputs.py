@@ -1,11 +1,12 @@
 """Large binary inputs live in Django's storage, not in the job row.
 
-An image sent as base64 is megabytes of text: stored in the row it cost about 67 ms
-to insert and 13 ms to read back for a 12 MP photo (SQLite), and it bloated every
-query on the table. A `{content: <base64>, ...}` parameter over SPILL_BYTES is
-written to storage as it came; the row keeps `content: null` in the params and the
-file's name in a column of its own (`Job.spilled`), which agents cannot write. The
-worker puts the text back before the runner sees the parameters: runners never know.
+An image sent as base64 is megabytes of text: stored in the row, it would slow the
+row's insert and every read of it, and bloat every query on the table
+(docs/benchmarks.md, "Other measurements"). A `{content: <base64>, ...}` parameter
+over SPILL_BYTES is written to storage as it came; the row keeps `content: null` in
+the params and the file's name in a column of its own (`Job.spilled`), which agents
+cannot write. The worker puts the text back before the runner sees the parameters:
+runners never know.
 
 Storage is Django's default storage: the filesystem, or an S3 bucket that Daphne
 writes to and a worker on another host reads back (docs/operating.md#storage).

@@ -2,10 +2,9 @@
 
 The settle, the start and the delivery claim of every job run here; the start also
 returns what the worker reads of its job, in the same statement (RETURNING), instead
-of a second query. `QuerySet.update()` spends about
-0.25 ms of Python building the same statement each time (measured with
-bench-free micro timing: 0.27 ms against 0.03 ms for the statement itself), and in
-Daphne that Python competes with the event loop for the GIL, which tripled it.
+of a second query. `QuerySet.update()` builds the same statement in Python each
+time, at several times the cost of the statement itself, and in Daphne that Python
+competes with the event loop for the GIL (docs/benchmarks.md, "Other measurements").
 The statement text is built once per shape from the model's metadata; values go
 through each field's own `get_db_prep_save`, so JSON, UUIDs and datetimes are
 stored exactly as the ORM stores them, on SQLite and PostgreSQL alike.

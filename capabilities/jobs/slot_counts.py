@@ -2,9 +2,9 @@
 
 The questions asked on every call's way in: may the principal have one more call
 (its budget), and may this one go to Celery at once (fair shares)? One statement
-answers both. The ORM would rebuild four filtered aggregates each time, about 1 ms
-of Python in the thread that also serves Daphne's calls; the statement text is
-built once from the model's metadata instead, as in row_updates.py.
+answers both. The ORM would rebuild four filtered aggregates in Python each time,
+in the thread that also serves Daphne's calls; the statement text is built once
+from the model's metadata instead, as in row_updates.py.
 """
 
 from __future__ import annotations

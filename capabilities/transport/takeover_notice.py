@@ -2,10 +2,11 @@
 
 The notice goes out after the new resume token is committed and before the reply
 that carries it. If the channel layer refuses it (Redis restarting), the reply must
-still go out: a resume that failed there left the agent with a token that no longer
-worked, and its session lost (issue #46's first defect). The old connection is told
-later instead, in the background, until the grace period ends; meanwhile each result
-is still claimed once in the database, so it is sent on one connection only.
+still go out: a resume that failed there would leave the agent with a token that no
+longer works, and its session lost with every call it waits for. The old connection
+is told later instead, in the background, until the grace period ends; meanwhile
+each result is still claimed once in the database, so it is sent on one connection
+only.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def _window_statement(vendor: str) -> str:
         sums += [f"SUM(CASE WHEN {name} <= {float(b)!r} THEN 1 ELSE 0 END)" for b in bounds]
     keys = "capability, queue, status, door, error_code, cancel_source"
     # MATERIALIZED: each duration is computed once per row, not once per bucket (SQLite
-    # would otherwise flatten the subquery into the sums: 10x slower here).
+    # would otherwise flatten the subquery into the sums).
     return (
         f"WITH recent AS MATERIALIZED (SELECT {inner} FROM {_join()} WHERE {settled} >= %s)"
         f" SELECT {keys}, {', '.join(sums)} FROM recent GROUP BY {keys}"

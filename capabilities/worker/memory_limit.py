@@ -9,9 +9,9 @@ allocation kills only its own child, and that job is answered WORKER_LOST.
 A child that met its ceiling may have left its libraries halfway through something:
 it finishes the task it was running, then leaves so that the pool forks a fresh one.
 
-The limit is on virtual size (VmSize), not resident memory: a warmed-up child is
-~330 MiB of it while ~110 MiB resident (shared libraries, thread stacks and glibc
-malloc arenas are reserved but mostly untouched).
+The limit is on virtual size (VmSize), not resident memory: a warmed-up child's is
+several times its resident memory (shared libraries, thread stacks and glibc malloc
+arenas are reserved but mostly untouched; figures in docs/security.md).
 """
 
 from __future__ import annotations

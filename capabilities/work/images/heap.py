@@ -3,12 +3,11 @@
 An image job allocates and frees tens of megabytes: the input's bytes, the decoded
 picture, the resized one. glibc serves blocks that large with fresh `mmap`s (or
 trims the heap once they are freed), so every job touches new pages, which the
-kernel zeroes on the first fault: measured in a worker child, about 3,200 faults and
-8 ms of a 12 MP JPEG's 80 ms (none in a long-running process that happens to keep
-them). With large blocks from the heap and the heap trimmed only above
-TRIM_THRESHOLD_BYTES of free memory at its top, a worker child keeps up to that much
-for its next job; the worker's memory ceiling (worker/memory_limit.py) bounds it all
-the same.
+kernel zeroes on the first fault: a share of every image job's time that a process
+keeping its freed memory does not pay (docs/benchmarks.md, "Other measurements").
+With large blocks from the heap and the heap trimmed only above TRIM_THRESHOLD_BYTES
+of free memory at its top, a worker child keeps up to that much for its next job;
+the worker's memory ceiling (worker/memory_limit.py) bounds it all the same.
 
 What the `MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_` environment variables
 do, set from the image runner's warm-up, before the worker forks (the children
