@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import time
 
 import pytest
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Close
+from websockets.http11 import Response
+from websockets.uri import parse_uri
 
 from capabilities.calls import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
@@ -139,3 +146,30 @@ def test_a_session_nobody_resumes_has_its_calls_cancelled(stack: Stack) -> None:
     assert job.settled_at is not None
     assert session.detached_at is not None
     assert seconds_between(session.detached_at, job.settled_at) >= resumption.grace().seconds
+
+
+def test_a_slow_client_reads_its_refusal_and_closes_cleanly(stack: Stack) -> None:
+    """A client that reads late still gets the notice, and the close handshake completes.
+
+    Autobahn drops a connection whose client has not answered our close within 1 s; a
+    client busy for longer then replies to a dropped socket, and a client library can
+    lose the frames it read with the close (websockets does), the notice among them.
+    """
+    client = ClientProtocol(parse_uri(stack.ws_url))
+    request = client.connect()
+    request.headers["Authorization"] = "Bearer abp_0000000000_" + "x" * 43
+    client.send_request(request)
+    with socket.create_connection(("127.0.0.1", stack.web_port), timeout=10) as sock:
+        sock.sendall(b"".join(client.data_to_send()))
+        time.sleep(2.0)  # busy, past autobahn's default wait for the close's answer
+        received = sock.recv(65536)  # a reset here: the server gave up on us
+        client.receive_data(received)
+        response, *frames = client.events_received()
+        assert isinstance(response, Response)
+        assert response.status_code == 101
+        notice = json.loads(frames[0].data)
+        assert notice["payload"]["data"]["details"]["reason"] == "invalid-credentials"
+        assert Close.parse(frames[1].data).code == 4401
+        sock.sendall(b"".join(client.data_to_send()))  # our answer to the close
+        with contextlib.suppress(ConnectionResetError):  # then the server drops TCP
+            assert sock.recv(65536) == b""
