@@ -1,10 +1,14 @@
-"""Every call made on every door, with its timeline, on the run's clock (seconds)."""
+"""Every call made on every door, with its timeline, on the run's clock (seconds); and
+the moments of the load that a fault aims at, as the doors reach them."""
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import itertools
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +53,26 @@ class Op:
             self.timeline.append((at, "no answer by the end of the run"))
 
 
+class Moment(enum.StrEnum):
+    """A moment of the load that a fault can wait for (faults.py), as a door reports it."""
+
+    RESUME_SENT = "a resume sent after a socket the server lost"
+    """A session's resume went out on a new socket; its old one was not the agent's own drop."""
+    CANCEL_DUE = "a call sent, its cancel due"
+    """A call went out, and its cancel is to follow `cancel_in` seconds later."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reached:
+    """A moment reached: when (run clock), by which session or call."""
+
+    moment: Moment
+    at: float
+    what: str
+    op: Op | None = None
+    cancel_in: float | None = None
+
+
 class Ledger:
     """The run's calls and its clock."""
 
@@ -58,6 +82,28 @@ class Ledger:
         self.counts: Counter[str] = Counter()  # per door: calls, cancels, answers, drops
         self._serial = itertools.count(1)
         self.sessions: dict[str, list[str]] = {}  # session id -> notes
+        self._watches: list[tuple[Moment, Callable[[Reached], bool], asyncio.Future[Reached]]] = []
+
+    def watch(
+        self, moment: Moment, accept: Callable[[Reached], bool] = lambda _: True
+    ) -> asyncio.Future[Reached]:
+        """The next time a door reaches `moment` (one `accept` takes), from now on."""
+        found: asyncio.Future[Reached] = asyncio.get_running_loop().create_future()
+        self._watches.append((moment, accept, found))
+        return found
+
+    def reached(self, moment: Moment, what: str, **details: Any) -> None:
+        """A door reached `moment` (on the event loop, as it happens): tell who watches it."""
+        if not self._watches:
+            return
+        reached = Reached(moment=moment, at=self.now(), what=what, **details)
+        for watch in list(self._watches):
+            kind, accept, found = watch
+            if found.done():  # given up on by its fault
+                self._watches.remove(watch)
+            elif kind is moment and accept(reached):
+                found.set_result(reached)
+                self._watches.remove(watch)
 
     def now(self) -> float:
         """Seconds since the run started."""

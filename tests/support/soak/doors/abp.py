@@ -17,7 +17,7 @@ from tests.support import fleet
 from tests.support.soak import plan
 from tests.support.soak.doors import resend
 from tests.support.soak.doors.lane import Lane
-from tests.support.soak.ledger import Ledger, Op, names_call, outcome_of_error
+from tests.support.soak.ledger import Ledger, Moment, Op, names_call, outcome_of_error
 
 DOOR = "abp"
 OUTLIVED = "sessions that outlived their revoked key"
@@ -44,6 +44,8 @@ class SoakAgent(fleet.AgentSession):
         self.refusal = ""  # what the server said when it refused the key
         self.attempts: list[str] = []  # every resume attempt, how it ended
         self._cancels: set[asyncio.Task[None]] = set()
+        self._resuming = False  # a resume's socket is being opened
+        self._dropped = False  # the last socket lost was the agent's own drop
 
     # -- resuming: see resend.py ----------------------------------------------------------
 
@@ -120,6 +122,7 @@ class SoakAgent(fleet.AgentSession):
             await super()._attach(url, resume=resume)
             return
         # Each resume attempt and how it ended: the evidence when one is refused.
+        self._resuming = True
         try:
             await super()._attach(url, resume=resume)
         except (
@@ -133,7 +136,17 @@ class SoakAgent(fleet.AgentSession):
                 f"{self.ledger.now():.3f} resume failed: {type(e).__name__}: {e}"[:200]
             )
             raise
+        finally:
+            self._resuming = False
+        self._dropped = False
         self.attempts.append(f"{self.ledger.now():.3f} resumed")
+
+    async def _read(self, conn: fleet.Connection) -> None:
+        # fleet.AgentSession._attach starts a socket's reader, then sends its initialize:
+        # whoever waits for the resume runs once that frame has gone out.
+        if self._resuming and not self._dropped:
+            self.ledger.reached(Moment.RESUME_SENT, f"{self.door} session {self.session_id}")
+        await super()._read(conn)
 
     async def _recover(self) -> None:
         for op in self.unanswered():
@@ -172,6 +185,7 @@ class SoakAgent(fleet.AgentSession):
             op.told = self.failure
             raise
         if planned.cancel_after is not None:
+            self.ledger.reached(Moment.CANCEL_DUE, op.tag, op=op, cancel_in=planned.cancel_after)
             task = asyncio.create_task(self._cancel_at(call, op, planned.cancel_after))
             self._cancels.add(task)
             task.add_done_callback(self._cancels.discard)
@@ -193,6 +207,7 @@ class SoakAgent(fleet.AgentSession):
         if conn is None:
             return False
         self.ledger.count(self.door, "drops")
+        self._dropped = True
         for op in self.unanswered():
             self.ledger.note(op, "socket dropped by the agent")
         conn.ws.transport.abort()

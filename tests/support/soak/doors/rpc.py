@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tests.support.soak import plan
 from tests.support.soak.doors.lane import Lane
-from tests.support.soak.ledger import Ledger, Op, names_call, outcome_of_error
+from tests.support.soak.ledger import Ledger, Moment, Op, names_call, outcome_of_error
 
 DOOR = "rpc"
 Message = dict[str, Any]
@@ -97,6 +97,7 @@ class RpcSession:
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._dropped = False  # the last socket lost was the session's own drop
 
     async def open(self, *, resume: bool = False) -> None:
         """Connect and initialize (resuming the session if asked)."""
@@ -114,6 +115,9 @@ class RpcSession:
                 "token": self.token,
                 "awaiting": [tag for tag, call in self.calls.items() if not call.op.answers],
             }
+            if not self._dropped:
+                # Whoever waits for it runs once the frame below has gone out.
+                self.ledger.reached(Moment.RESUME_SENT, f"{DOOR} session {self.session_id}")
         answer = await self._request(
             "initialize",
             {"protocolVersion": 1, "clientInfo": {"name": "soak", "version": "1"}, "_meta": meta},
@@ -208,6 +212,7 @@ class RpcSession:
         else:
             self._fail("could not resume")
             return
+        self._dropped = False
         self.ledger.count(DOOR, "resumes")
         for call in to_send_again(list(self.calls.values()), self.held, self.connection):
             self.ledger.note(call.op, "sent again after a resume")
@@ -267,6 +272,7 @@ class RpcSession:
             op.told = self.failure
             raise
         if planned.cancel_after is not None:
+            self.ledger.reached(Moment.CANCEL_DUE, op.tag, op=op, cancel_in=planned.cancel_after)
             by_request = rng.random() < 0.5
             self._keep(asyncio.create_task(self._cancel_at(call, planned.cancel_after, by_request)))
 
@@ -301,6 +307,7 @@ class RpcSession:
         """Abort the socket: the session resumes on its own."""
         if self.ws is not None and self._live.is_set():
             self.ledger.count(DOOR, "drops")
+            self._dropped = True
             self.ws.transport.abort()
 
     def settled_all(self) -> bool:
