@@ -3,6 +3,11 @@
 Each kind names what it does and to what; its recovery path is in docs/reliability.md.
 Faults on one target wait for each other (a Daphne is not killed while it restarts);
 faults on different targets overlap freely.
+
+Most faults strike whatever the load is doing then. The aimed ones (`AIMED`) wait, from
+their moment and for at most `AIM_BOUND_SECONDS`, for the load to reach the one moment
+they are about (ledger.Moment, reported by the ABP and JSON-RPC doors), then strike;
+their note says which moment was hit, or that none came.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 import psutil  # type: ignore[import-untyped]
 import redis
 
-from tests.support.soak.ledger import Ledger
+from tests.support.soak.ledger import Ledger, Moment, Reached
 from tests.support.soak.stack import SoakStack
 from tests.support.stack import port_open
 from tests.support.topology import Process, warm
@@ -43,6 +48,27 @@ class Kind(enum.StrEnum):
     POSTGRES_RESTART = "restart PostgreSQL (fast shutdown)"
     POSTGRES_KILL = "SIGKILL PostgreSQL's postmaster, then start it"
     REDIS_PATH_PAUSE = "stall the Daphnes' TCP path to Redis"
+    REDIS_REFUSED_AT_RESUME = "SIGKILL a Daphne, refuse Redis as a resume reaches the other"
+    REDIS_REFUSED_AT_CANCEL = "refuse Redis as a call and its cancel arrive"
+
+
+# How long a fault lasts (s), drawn between these; 0.2-3 s for the others. A refusal
+# is long enough for a resume, or a call and its cancel, to cross it.
+HOLDS = {
+    Kind.REDIS_PATH_PAUSE: (2.0, 6.0),
+    Kind.REDIS_REFUSED_AT_RESUME: (1.0, 2.5),
+    Kind.REDIS_REFUSED_AT_CANCEL: (1.0, 2.5),
+}
+# The kinds that wait for their moment of the load.
+AIMED = (Kind.REDIS_REFUSED_AT_RESUME, Kind.REDIS_REFUSED_AT_CANCEL)
+# How long an aimed fault waits for its moment; it strikes anyway when none came.
+AIM_BOUND_SECONDS = 20.0
+# A call whose cancel follows this soon (s) is one whose cancel may win its start: it
+# arrives while the call's start still waits (cf. issue #46: 160 ms, Redis down 1.3 s).
+CANCEL_WITHIN = (0.05, 0.4)
+# What a Daphne logs when the takeover notice of a resume is refused
+# (capabilities/transport/takeover_notice.py).
+NOTICE_REFUSED = "old connection yet"
 
 
 @dataclass
@@ -64,13 +90,21 @@ def target_of(kind: Kind, rng: random.Random, stack: SoakStack) -> str:
     """What a fault hits."""
     if kind in (Kind.CHILD_KILL, Kind.CHILD_TERM, Kind.WORKER_KILL, Kind.WORKER_TERM):
         return rng.choice(sorted(stack.topology.workers))
-    if kind in (Kind.DAPHNE_KILL, Kind.DAPHNE_TERM):
+    if kind in (Kind.DAPHNE_KILL, Kind.DAPHNE_TERM, Kind.REDIS_REFUSED_AT_RESUME):
         return rng.choice([web.process.name for web in stack.topology.webs])
     return {
         Kind.BEAT_KILL: "beat", Kind.BEAT_TERM: "beat", Kind.REDIS_KEEP: "redis",
         Kind.REDIS_LOSE: "redis", Kind.POSTGRES_RESTART: "postgres",
         Kind.POSTGRES_KILL: "postgres", Kind.REDIS_PATH_PAUSE: "relay",
+        Kind.REDIS_REFUSED_AT_CANCEL: "relay",
     }[kind]  # fmt: skip
+
+
+def locked(fault: Fault) -> list[str]:
+    """What a fault holds while it runs: its target, and the relay if it uses it too."""
+    if fault.kind is Kind.REDIS_REFUSED_AT_RESUME:
+        return sorted({fault.target, "relay"})  # in one order: no two faults deadlock
+    return [fault.target]
 
 
 def schedule(
@@ -89,7 +123,7 @@ def schedule(
     moments = sorted(rng.uniform(start, end) for _ in kinds)
     faults = []
     for at, kind in zip(moments, kinds, strict=True):
-        hold = rng.uniform(2.0, 6.0) if kind is Kind.REDIS_PATH_PAUSE else rng.uniform(0.2, 3.0)
+        hold = rng.uniform(*HOLDS.get(kind, (0.2, 3.0)))
         faults.append(Fault(round(at, 2), kind, target_of(kind, rng, stack), round(hold, 2)))
     return faults
 
@@ -97,10 +131,18 @@ def schedule(
 class Injector:
     """Runs the faults at their moments against the stack."""
 
-    def __init__(self, stack: SoakStack, ledger: Ledger, rng: random.Random) -> None:
+    def __init__(
+        self,
+        stack: SoakStack,
+        ledger: Ledger,
+        rng: random.Random,
+        *,
+        aim_bound: float = AIM_BOUND_SECONDS,
+    ) -> None:
         self.stack = stack
         self.ledger = ledger
         self.rng = rng
+        self.aim_bound = aim_bound
         self._locks: dict[str, asyncio.Lock] = {}
         self.running: set[int] = set()
 
@@ -119,18 +161,78 @@ class Injector:
         await asyncio.gather(*tasks)
 
     async def _one(self, index: int, fault: Fault) -> None:
-        lock = self._locks.setdefault(fault.target, asyncio.Lock())
-        async with lock:
+        async with contextlib.AsyncExitStack() as held:
+            for name in locked(fault):
+                await held.enter_async_context(self._locks.setdefault(name, asyncio.Lock()))
             fault.started = self.ledger.now()
             fault.overlapped = sorted(self.running)
             self.running.add(index)
             try:
-                fault.note = await asyncio.to_thread(self._inject, fault)
+                if fault.kind is Kind.REDIS_REFUSED_AT_RESUME:
+                    fault.note = await self._refused_at_resume(fault)
+                elif fault.kind is Kind.REDIS_REFUSED_AT_CANCEL:
+                    fault.note = await self._refused_at_cancel(fault)
+                else:
+                    fault.note = await asyncio.to_thread(self._inject, fault)
             except Exception as failed:  # reported with the fault: the soak goes on
                 fault.error = f"{type(failed).__name__}: {failed}"[:300]
             finally:
                 self.running.discard(index)
                 fault.recovered = self.ledger.now()
+
+    # -- the aimed faults (on the event loop, where the doors report their moments) --------
+
+    async def _refused_at_resume(self, fault: Fault) -> str:
+        """Kill a Daphne; as a session it held resumes on the other, refuse Redis for the
+        hold (the takeover notice meets it); then start the Daphne again."""
+        web = next(w for w in self.stack.topology.webs if w.process.name == fault.target)
+        others = [w.process for w in self.stack.topology.webs if w is not web]
+        notices = sum(p.log_text().count(NOTICE_REFUSED) for p in others)
+        resume = self.ledger.watch(Moment.RESUME_SENT)  # before the kill: none is missed
+        killed = await asyncio.to_thread(self._stop, web.process, True)
+        try:
+            hit = await self._aim(resume)
+            refused = await self._refuse(fault.hold)
+        finally:
+            started = await asyncio.to_thread(self._start, web.process, lambda: warm(web.port))
+        notices = sum(p.log_text().count(NOTICE_REFUSED) for p in others) - notices
+        aimed = _hit(Moment.RESUME_SENT, hit, refused)
+        return f"{killed}; {aimed}; {notices} takeover notices refused (logged); {started}"
+
+    async def _refused_at_cancel(self, fault: Fault) -> str:
+        """As a call goes out whose cancel follows within `CANCEL_WITHIN`, refuse Redis
+        for the hold: the cancel arrives while the call's start meets the refusal."""
+        low, high = CANCEL_WITHIN
+        call = self.ledger.watch(
+            Moment.CANCEL_DUE, lambda r: low <= (r.cancel_in or 0.0) <= high
+        )  # fmt: skip
+        hit = await self._aim(call)
+        refused = await self._refuse(fault.hold)
+        if hit is None or hit.op is None:
+            return _hit(Moment.CANCEL_DUE, hit, refused)
+        op = hit.op
+        cancel = "not sent yet" if op.cancelled_at is None else f"sent at {op.cancelled_at} s"
+        answer = op.answers[0].outcome if op.answers else "none yet"
+        return f"{_hit(Moment.CANCEL_DUE, hit, refused)}; its cancel {cancel}; its answer: {answer}"
+
+    async def _aim(self, moment: asyncio.Future[Reached]) -> Reached | None:
+        """The moment, once the load reaches it; None if it did not within the bound."""
+        try:
+            return await asyncio.wait_for(moment, self.aim_bound)
+        except TimeoutError:  # the watch is cancelled with it: the ledger drops it
+            return None
+
+    async def _refuse(self, hold: float) -> tuple[float | None, float]:
+        """Redis refused to the Daphnes for `hold` s: from when (run clock), until when."""
+        relay = self.stack.relay
+        relay.refused_at = None
+        relay.refuse()
+        try:
+            await asyncio.sleep(hold)
+        finally:
+            relay.accept_again()
+        since = relay.refused_at
+        return (None if since is None else round(since - self.ledger.started, 3)), self.ledger.now()
 
     # -- the faults themselves (in a thread) ----------------------------------------------
 
@@ -181,6 +283,12 @@ class Injector:
 
     def _restart(self, process: Process, kill: bool, hold: float, ready: Callable[[], bool]) -> str:
         """Signal by PID, wait for the exit, stay down `hold` s, start it, wait until ready."""
+        stopped = self._stop(process, kill)
+        time.sleep(hold)
+        return f"{stopped}; {self._start(process, ready)}"
+
+    def _stop(self, process: Process, kill: bool) -> str:
+        """Signal by PID and wait for the exit."""
         assert process.proc is not None
         pid = process.pid
         process.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
@@ -189,11 +297,13 @@ class Injector:
             process.proc.wait(60)
         except subprocess.TimeoutExpired:  # a SIGTERM not obeyed in a minute
             process.kill()
-        exited = time.monotonic() - started
-        time.sleep(hold)
+        return f"pid {pid} exited in {time.monotonic() - started:.1f} s"
+
+    def _start(self, process: Process, ready: Callable[[], bool]) -> str:
+        """Start it and wait until ready."""
         process.launch()
         process.wait_ready(ready, 120)
-        return f"pid {pid} exited in {exited:.1f} s; up again as {process.pid}"
+        return f"up again as {process.pid}"
 
     def _restart_redis(self, *, keep: bool, hold: float) -> str:
         process = self.stack.topology.redis
@@ -211,6 +321,16 @@ class Injector:
         process.launch()
         process.wait_ready(lambda: port_open(self.stack.topology.redis_port), 60)
         return f"dump.rdb {'kept' if dump.exists() else 'gone'}"
+
+
+def _hit(moment: Moment, hit: Reached | None, refused: tuple[float | None, float]) -> str:
+    """What an aimed fault hit, and when Redis was refused, for its note."""
+    since, until = refused
+    window = f"Redis refused from {since} s to {until} s"
+    if hit is None:
+        return f"{moment.value}: none within the bound; {window}"
+    due = "" if hit.cancel_in is None else f", its cancel due {hit.cancel_in * 1000:.0f} ms later"
+    return f"hit {hit.moment.value}: {hit.what} at {hit.at} s{due}; {window}"
 
 
 def _logged(process: Process, marker: str) -> Callable[[], bool]:

@@ -46,6 +46,7 @@ class RedisRelay(TcpRelay):
         super()._flush()
 
     def _close_port(self) -> None:
+        self.refused_at = time.monotonic()
         self._selector.unregister(self._listener)
         self._listener.close()
         for sock in list(self._peers):
@@ -53,7 +54,6 @@ class RedisRelay(TcpRelay):
         for sock in list(self._peers):
             self._drop(sock)  # and its peer
         self._refusing = True
-        self.refused_at = time.monotonic()
 
     def _open_port(self) -> None:
         try:

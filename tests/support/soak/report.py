@@ -7,7 +7,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from typing import Any
 
-from tests.support.soak.faults import Fault
+from tests.support.soak.faults import AIMED, Fault
 from tests.support.soak.invariants import Violation
 from tests.support.soak.ledger import Ledger
 from tests.support.soak.memory import BOUND_KIB_PER_1000_CALLS, RoleSlope
@@ -118,11 +118,14 @@ def text(report: dict[str, Any]) -> list[str]:
             f" {entry['overlapping']} overlapping, {entry['errors']} failed to inject,"
             f" back in {max(recover, default=0)} s at most"
         )
+    aimed = {kind.value for kind in AIMED}
     for fault in report["faults"]:
         if fault["error"]:
             lines.append(
                 f"   ! {fault['at']} s {fault['kind']} ({fault['target']}): {fault['error']}"
             )
+        elif fault["kind"] in aimed and fault["started"] is not None:
+            lines.append(f"   ~ {fault['started']} s {fault['kind']}: {fault['note']}")
     memory = report["memory"]
     bound = memory["bound_kib_per_1000_calls"]
     lines.append(
