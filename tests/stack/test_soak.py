@@ -8,8 +8,12 @@ Only the PostgreSQL pass runs it (`postgres` marker); it needs PostgreSQL 15's b
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import random
+import socket
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,11 +25,12 @@ import pytest
 from tests.support import postgres_server
 from tests.support.paths import ROOT
 from tests.support.soak.doors.rpc import RpcCall, to_send_again
-from tests.support.soak.faults import Kind, schedule
+from tests.support.soak.faults import Fault, Injector, Kind, schedule
 from tests.support.soak.invariants import check
-from tests.support.soak.ledger import Answer, Ledger, Op
+from tests.support.soak.ledger import Answer, Ledger, Moment, Op
 from tests.support.soak.main import run_soak
 from tests.support.soak.memory import Sample, slopes
+from tests.support.soak.relay import RedisRelay
 from tests.support.soak.rows import COLUMNS, JobHistory, RowWatch, busy_percent
 from tests.support.soak.run import Options
 
@@ -133,11 +138,26 @@ def test_the_checks_catch_what_they_must() -> None:
             op("old", "succeeded"), row("old", "succeeded", settled_at=now - timedelta(hours=1)),
             "rows stay bounded by retention",
         ),
+        # A cancel that won the call's start: answered cancelled, and no row written.
+        "unwritten": (
+            op("unwritten", "cancelled", cancelled_at=1.5), None,
+            "a cancelled call's row is written settled",
+        ),
+        # Its resume refused within the grace: its calls told so, the session lost.
+        "stranded": (
+            op("stranded", told="resume refused: SESSION_INVALID", session="s2"), None,
+            "a resume within its grace succeeds",
+        ),
+        "revoked": (op("revoked", told="resume refused: PERMISSION_DENIED", session="s3"), None,
+                    None),
     }  # fmt: skip
     rows._observe([r for _, r, _ in cases.values() if r is not None], 5.0)
     rows._observe([r for tag, (_, r, _) in cases.items() if r is not None and tag != "lost"], 8.0)
     cases["crossed"][0].answers[0].data_ok = False
-    violations = check(ledger.ops, rows, revoked=set(), strays=["a frame of no call"])
+    refused = {"s2": "resume refused: SESSION_INVALID", "s3": "resume refused: PERMISSION_DENIED"}
+    violations = check(
+        ledger.ops, rows, revoked={"s3"}, strays=["a frame of no call"], refused=refused
+    )
 
     found: dict[str, set[str]] = {}
     for violation in violations:
@@ -246,3 +266,95 @@ def test_the_json_rpc_driver_sends_again_only_what_died_with_an_earlier_socket()
     ]
     again = to_send_again(calls, held={"held"}, connection=14)
     assert [c.op.tag for c in again] == ["lost"]
+
+
+def test_the_redis_relay_refuses_connections_then_accepts_them_again() -> None:
+    """Refusing: a connection it carried is reset, a new one refused (ECONNREFUSED)."""
+    with contextlib.ExitStack() as sockets:
+        redis_side = sockets.enter_context(socket.create_server(("127.0.0.1", 0)))
+        relay = RedisRelay(redis_side.getsockname()[1])
+        sockets.callback(relay.close)
+        daphne = sockets.enter_context(socket.create_connection(("127.0.0.1", relay.port), 5))
+        upstream = sockets.enter_context(redis_side.accept()[0])
+        daphne.sendall(b"PING")
+        assert upstream.recv(4) == b"PING"
+
+        relay.refuse()
+        with pytest.raises(ConnectionResetError):
+            daphne.recv(4)  # blocks until the relay's thread resets it
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        assert relay.refused_at is not None
+
+        relay.accept_again()
+        again = sockets.enter_context(_connect_when_listening(relay.port))
+        upstream = sockets.enter_context(redis_side.accept()[0])
+        again.sendall(b"PING")
+        assert upstream.recv(4) == b"PING"
+
+
+def _connect_when_listening(port: int) -> socket.socket:
+    """A connection, once the port listens again (the relay's thread opens it in its next round)."""
+    for _ in range(100):
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            time.sleep(0.02)
+    raise AssertionError(f"port {port} never listened again")
+
+
+class _Relay:
+    """The relay's refusing half, as the injector drives it."""
+
+    def __init__(self) -> None:
+        self.refused_at: float | None = None
+        self.calls: list[str] = []
+
+    def refuse(self) -> None:
+        self.calls.append("refuse")
+        self.refused_at = time.monotonic()
+
+    def accept_again(self) -> None:
+        self.calls.append("accept again")
+
+
+def test_an_aimed_fault_waits_for_its_moment_and_says_which_it_hit() -> None:
+    """Redis is refused once a call goes out whose cancel follows within 50-400 ms; a call
+    whose cancel follows at once, or a moment of another kind, is not it."""
+    ledger = Ledger()
+    relay = _Relay()
+    injector = Injector(SimpleNamespace(relay=relay), ledger, random.Random(1))  # type: ignore[arg-type]
+    fault = Fault(0.0, Kind.REDIS_REFUSED_AT_CANCEL, "relay", 0.05)
+    aimed_at = Op("rpc", "rpc-2", "test.sleep", "queued", None, 0.0)
+
+    async def load() -> None:
+        await asyncio.sleep(0.05)
+        ledger.reached(Moment.RESUME_SENT, "rpc session s")
+        ledger.reached(Moment.CANCEL_DUE, "rpc-1", op=Op("rpc", "rpc-1", "x", "", None, 0.0),
+                       cancel_in=0.0)  # fmt: skip
+        assert relay.calls == []
+        ledger.reached(Moment.CANCEL_DUE, "rpc-2", op=aimed_at, cancel_in=0.16)
+        aimed_at.cancelled_at = ledger.now()
+
+    async def both() -> None:
+        await asyncio.gather(injector._one(0, fault), load())
+
+    asyncio.run(both())
+    assert fault.error == ""
+    assert relay.calls == ["refuse", "accept again"]
+    assert "hit a call sent, its cancel due: rpc-2" in fault.note, fault.note
+    assert "its cancel due 160 ms later" in fault.note
+    assert f"its cancel sent at {aimed_at.cancelled_at} s" in fault.note
+
+
+def test_an_aimed_fault_strikes_at_its_bound_when_no_moment_comes() -> None:
+    ledger = Ledger()
+    relay = _Relay()
+    injector = Injector(SimpleNamespace(relay=relay), ledger, random.Random(1), aim_bound=0.05)  # type: ignore[arg-type]
+    fault = Fault(0.0, Kind.REDIS_REFUSED_AT_CANCEL, "relay", 0.01)
+
+    asyncio.run(injector._one(0, fault))
+
+    assert relay.calls == ["refuse", "accept again"]
+    assert fault.note.startswith("a call sent, its cancel due: none within the bound"), fault.note
+    ledger.reached(Moment.CANCEL_DUE, "late", cancel_in=0.1)  # the watch given up: no one told

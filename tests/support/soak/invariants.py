@@ -3,7 +3,10 @@
 - every call is answered exactly once, or its client was told why it cannot be;
 - an answer is the call's own (its result names it: no answer goes to another session),
   and agrees with the call's job row;
-- a cancelled answer comes after a cancel, a timeout, or a revoked key;
+- a cancelled answer comes after a cancel, a timeout, or a revoked key; one the server
+  gave after the client's cancel has a job row, cancelled, even when the cancel won
+  the call's start (the row is then written already settled);
+- a session resumes within its grace: only a revoked key's resume is refused;
 - no progress for a call arrives after its answer (no work runs for a settled job);
 - calls make progress: no heavy call reaches its deadline, 30 s past its own run, unless
   its timeout was set shorter than its run on purpose;
@@ -25,6 +28,10 @@ LATE_PROGRESS_SECONDS = 2.0
 # Errors an answer may carry under faults: the call's own fate, said with a code.
 FAULT_CODES = {"WORKER_LOST", "CAPABILITY_UNAVAILABLE", "DISCONNECTED", "RATE_LIMITED"}
 ROW_STATUS = {"succeeded": "succeeded", "cancelled": "cancelled", "timeout": "cancelled"}
+# Doors whose answers are the server's own frames. The browser's client.js, the Python
+# client and the MCP SDK may settle a call cancelled on their side, before the server
+# had it: no row then.
+SERVER_ANSWERED = {"abp", "rpc"}
 
 
 @dataclass
@@ -96,6 +103,11 @@ def check_op(op: Op, rows: RowWatch, revoked: set[str]) -> list[Violation]:
                 found.append(f"answered {answer.outcome}, but its job is {status}")
         if not client_side and not jobs and not cancel_like and answer.outcome == "succeeded":
             found.append("answered succeeded, but no job row was ever seen")
+        if (
+            answer.outcome == "cancelled" and op.cancelled_at is not None and not jobs
+            and op.door in SERVER_ANSWERED
+        ):  # fmt: skip
+            found.append("answered cancelled after its cancel, but no job row was ever seen")
         timeout_ms = op.timeout_ms or 0
         if answer.outcome == "timeout" and timeout_ms >= HEAVY_SLACK_SECONDS * 1000:
             found.append(f"starved: timed out {timeout_ms / 1000:g} s after it was sent")
@@ -114,14 +126,31 @@ def _name(text: str) -> str:
         return "no work runs for a settled job"
     if text.startswith("starved"):
         return "calls make progress"
+    if "cancelled after its cancel" in text:
+        return "a cancelled call's row is written settled"
     return "answers agree with their job"
 
 
 def check(
-    ops: list[Op], rows: RowWatch, *, revoked: set[str], strays: list[str]
+    ops: list[Op],
+    rows: RowWatch,
+    *,
+    revoked: set[str],
+    strays: list[str],
+    refused: dict[str, str] | None = None,
 ) -> list[Violation]:
-    """Every violation of the run; `strays` are frames that answered no call of theirs."""
+    """Every violation of the run; `strays` are frames that answered no call of theirs,
+    `refused` the sessions whose resume was refused (session id: what they were told)."""
     violations = [v for op in ops for v in check_op(op, rows, revoked)]
+    for session, told in (refused or {}).items():
+        if session in revoked:
+            continue
+        lost = [op for op in ops if op.session == session and op.told is not None]
+        lines = [line for op in lost for line in timeline(op, rows.rows_of(op.tag))]
+        detail = f"session {session}: {told}"[:300]
+        violations.append(
+            Violation("a resume within its grace succeeds", detail, [op.tag for op in lost], lines)
+        )
     by_tag = {op.tag: op for op in ops}
     for finding in rows.findings:
         op = by_tag.get(finding.tag)

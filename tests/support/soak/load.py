@@ -102,6 +102,17 @@ class Load:
         for session in self.sessions:
             await session.close()
 
+    def refused_resumes(self) -> dict[str, str]:
+        """The ABP and JSON-RPC sessions whose resume the server refused: what they were told."""
+        sessions: list[abp.SoakAgent | rpc.RpcSession] = [
+            *self.agents, *self.revocable, *self.sessions,
+        ]  # fmt: skip
+        return {
+            s.session_id: s.failure
+            for s in sessions
+            if s.failure is not None and s.failure.startswith("resume refused")
+        }
+
     def strays(self) -> list[str]:
         """Frames that answered no call of their session."""
         found = [

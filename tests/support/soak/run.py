@@ -74,7 +74,9 @@ async def soak(stack: SoakStack, options: Options, faults: list[Fault]) -> Outco
     await asyncio.gather(*watchers)
     await load.close()
     revoked = {a.session_id for a in load.revocable}
-    violations = invariants.check(ledger.ops, rows, revoked=revoked, strays=load.strays())
+    violations = invariants.check(
+        ledger.ops, rows, revoked=revoked, strays=load.strays(), refused=load.refused_resumes()
+    )
     if ledger.counts[f"abp/{abp.OUTLIVED}"]:
         outlived = ledger.counts[f"abp/{abp.OUTLIVED}"]
         detail = f"{outlived} sessions kept 90 s after their key's revocation"
