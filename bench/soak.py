@@ -3,11 +3,12 @@ on every door while faults are injected at random moments drawn from a seed.
 
 The stack: a private PostgreSQL 15 cluster, a private Redis, two Daphnes behind HAProxy
 (deploy/haproxy.cfg), heavy and small workers on two nodes, beat, each started with
-`scripts/serve ROLE`; the Daphnes reach Redis through a relay that can stall. The load:
-ABP WebSocket agents, JSON-RPC sessions, MCP clients on both wires, the Python client
-and a headless browser page through the embed bridge, with cancels at random moments,
-server timeouts, dropped sockets that resume and revoked keys. The faults, their
-schedule printed first, and the invariants: tests/support/soak/ and docs/reliability.md.
+`scripts/serve ROLE`; the Daphnes reach Redis through a relay that can stall or refuse.
+The load: ABP WebSocket agents, JSON-RPC sessions, MCP clients on both wires, the
+Python client and a headless browser page through the embed bridge, with cancels at
+random moments, server timeouts, dropped sockets that resume and revoked keys. The
+faults (most at random moments, two aimed at a moment of the load), their schedule
+printed first, and the invariants: tests/support/soak/ and docs/reliability.md.
 
 Run: .venv/bin/python bench/soak.py [--minutes 60] [--seed 1] [--report soak.json]
 Exits 1 if any invariant was violated.
