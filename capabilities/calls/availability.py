@@ -15,11 +15,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import redis
-
 from capabilities import redis_pool
 from capabilities.conf import abp_settings
-from capabilities.jobs import notes, queue, workers
+from capabilities.jobs import notes, outages, queue, workers
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry
 
@@ -73,7 +71,7 @@ def for_listing() -> Snapshot:
     """
     try:
         return current()
-    except redis.RedisError:
+    except outages.REDIS_AWAY:
         return cached() or Snapshot.everything()
 
 

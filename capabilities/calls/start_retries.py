@@ -18,28 +18,21 @@ import asyncio
 import logging
 
 from channels.db import database_sync_to_async
-from django.db import InterfaceError, OperationalError
 
 from capabilities.calls import job_writes
 from capabilities.conf import abp_settings
-from capabilities.jobs import lifecycle
+from capabilities.jobs import lifecycle, outages
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
 
 logger = logging.getLogger(__name__)
-
-# Pauses between attempts (seconds); the last one repeats.
-PAUSES = (0.1, 0.25, 0.5, 1.0)
-# The database is away, or the connection to it broke: worth writing again.
-_AWAY = (OperationalError, InterfaceError)
 
 
 async def stored(writing: asyncio.Future[Job], new: job_writes.NewJob) -> Job:
     """The job once its row is written (`writing`, then attempts of `new` as needed)."""
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + abp_settings().START_RETRY_SECONDS
-    attempt = 0
-    while True:
+    for attempt, pause in enumerate(outages.pauses()):
         try:
             return await writing
         except CallIdInUse:
@@ -51,14 +44,13 @@ async def stored(writing: asyncio.Future[Job], new: job_writes.NewJob) -> Job:
             if found is None:
                 raise
             return found  # written by the attempt whose answer was lost
-        except _AWAY as away:
-            pause = PAUSES[min(attempt, len(PAUSES) - 1)]
+        except outages.DATABASE_AWAY as away:
             if loop.time() + pause > give_up_at:
                 raise
             logger.warning(
                 "Call %s: the database is away (%s); writing its row again in %g s",
                 new.job["call_id"], str(away).strip()[:200], pause,
             )  # fmt: skip
-        attempt += 1
         await asyncio.sleep(pause)
         writing = job_writes.create(new)
+    raise AssertionError("outages.pauses() never ends")

@@ -23,7 +23,7 @@ import redis
 import redis.asyncio
 from django.conf import settings
 
-from capabilities.jobs import abort_flags
+from capabilities.jobs import abort_flags, outages
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class ListenerThread(threading.Thread):
         while True:
             try:
                 self._listen()
-            except (redis.RedisError, OSError):
+            except outages.REDIS_AWAY:
                 self._listener.lost_redis()
                 self.subscribed.clear()
                 time.sleep(RECONNECT_SECONDS)
@@ -118,7 +118,7 @@ async def listen(listener: AbortListener) -> None:
                 listener.found(job_id, await abort_flags.is_raised_async(job_id, client))
             async for message in pubsub.listen():
                 listener.heard(message)
-        except (redis.RedisError, OSError):
+        except outages.REDIS_AWAY:
             listener.lost_redis()
             await asyncio.sleep(RECONNECT_SECONDS)
         finally:

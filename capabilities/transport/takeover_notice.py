@@ -16,20 +16,17 @@ import logging
 from typing import Any
 
 from capabilities.conf import abp_settings
-from capabilities.jobs import notes
+from capabilities.jobs import notes, outages
 from capabilities.models import session_group
 
 logger = logging.getLogger(__name__)
-
-# Pauses between later attempts, the last repeated (seconds).
-RETRY_PAUSES = (0.25, 0.5, 1.0, 2.0)
 
 
 async def announce(layer: Any, session_id: str, generation: int) -> bool:
     """Send the notice once; False if the channel layer refused it."""
     try:
         await layer.group_send(session_group(session_id), notes.session_superseded(generation))
-    except Exception:  # the layer's errors are its backend's (redis-py's, OSError)
+    except outages.REDIS_AWAY:  # the channel layer's errors are its backend's
         logger.warning("Could not tell session %s's old connection yet", session_id)
         return False
     return True
@@ -38,8 +35,8 @@ async def announce(layer: Any, session_id: str, generation: int) -> bool:
 async def keep_announcing(layer: Any, session_id: str, generation: int) -> None:
     """Send it again until it is taken, or the old connection's grace is over."""
     deadline = asyncio.get_running_loop().time() + abp_settings().RESUME_GRACE_SECONDS
-    for attempt in range(1_000_000):
-        await asyncio.sleep(RETRY_PAUSES[min(attempt, len(RETRY_PAUSES) - 1)])
+    for pause in outages.pauses():
+        await asyncio.sleep(pause)
         if await announce(layer, session_id, generation):
             return
         if asyncio.get_running_loop().time() > deadline:

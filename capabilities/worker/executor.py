@@ -21,7 +21,7 @@ from django.core.files.storage import default_storage
 from capabilities import tracing
 from capabilities.access import permissions
 from capabilities.conf import abp_settings
-from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, results
+from capabilities.jobs import dispatch, finished, inputs, lifecycle, notes, outages, results
 from capabilities.models import CancelSource, Job
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import registry, runs
@@ -29,7 +29,7 @@ from capabilities.work.cancel_signal import CancelSignal
 from capabilities.work.context import File, JobAborted
 from capabilities.work.context_base import ContextBase
 from capabilities.work.users import load_user
-from capabilities.worker import memory_limit, outages
+from capabilities.worker import last_writes, memory_limit
 from capabilities.worker.interrupter import INTERRUPTER, Interrupter
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class WorkerContext(ContextBase):
                 self._unsaved = None
             try:
                 lifecycle.record_progress(self.job_id, report)
-            except (db.OperationalError, db.InterfaceError):
+            except outages.DATABASE_AWAY:
                 # The database restarting: the work goes on, the heartbeat writes it later.
                 logger.warning("Could not record job %s's progress yet", self.job_id)
                 db.close_old_connections()
@@ -225,7 +225,7 @@ def _execute_job(job: Job, interrupter: Interrupter, span: Span | None = None) -
         outcome = refused or _run(job, context, interrupter)
     except JobAborted:
         # Raised at a checkpoint or into the thread: the cancel already settled it.
-        outages.written(lambda: lifecycle.record_stopped(job_id), f"job {job_id} stopped")
+        last_writes.written(lambda: lifecycle.record_stopped(job_id), f"job {job_id} stopped")
         context.discard_files()
         logger.info("Job %s stopped on cancel", job_id)
         return
@@ -234,7 +234,7 @@ def _execute_job(job: Job, interrupter: Interrupter, span: Span | None = None) -
     finally:
         inputs.discard(job_id, job.spilled)
     response = results.inline_response(job, outcome)
-    settled = outages.written(
+    settled = last_writes.written(
         lambda: finished.settle_and_tell(job, outcome, response), f"job {job_id} settled"
     )
     if not settled:

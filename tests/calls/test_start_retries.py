@@ -18,6 +18,7 @@ from django.db import OperationalError, connections
 from django.test import override_settings
 
 from capabilities.calls import availability, job_writes, start_retries
+from capabilities.jobs import outages
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import AgentSession, Job
 from tests.support import new_jobs
@@ -37,7 +38,7 @@ def closed_after() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def no_redis(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(availability, "unavailable", lambda capability: None)
-    monkeypatch.setattr(start_retries, "PAUSES", (0.01,))
+    monkeypatch.setattr(outages, "PAUSES", (0.01,))
 
 
 def new_job(call_id: str) -> job_writes.NewJob:

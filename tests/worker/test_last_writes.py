@@ -1,4 +1,4 @@
-"""A job's last writes outlast a database restart (capabilities/worker/outages.py)."""
+"""A job's last writes outlast a database restart (capabilities/worker/last_writes.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 from django.db import OperationalError
 
-from capabilities.worker import outages
+from capabilities.worker import last_writes
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +28,7 @@ def test_a_write_is_tried_again_until_the_database_answers() -> None:
         return "settled"
 
     with mock.patch("time.sleep") as slept:
-        assert outages.written(write, "job j settled") == "settled"
+        assert last_writes.written(write, "job j settled") == "settled"
     assert len(tries) == 3
     assert [call.args[0] for call in slept.call_args_list] == [0.25, 0.5]
 
@@ -44,7 +44,7 @@ def test_past_a_minute_the_error_is_raised_for_the_reaper_to_answer_the_job() ->
         mock.patch("time.monotonic", side_effect=lambda: float(next(clock))),
         pytest.raises(OperationalError),
     ):
-        outages.written(write, "job j stopped")
+        last_writes.written(write, "job j stopped")
 
 
 def test_other_errors_are_not_tried_again() -> None:
@@ -52,4 +52,4 @@ def test_other_errors_are_not_tried_again() -> None:
         raise ValueError("a bug, not an outage")
 
     with pytest.raises(ValueError, match="a bug"):
-        outages.written(write, "job j settled")
+        last_writes.written(write, "job j settled")

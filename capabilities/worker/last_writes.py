@@ -6,19 +6,13 @@ with no record of its end, until the reaper calls its worker lost.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from django import db
-
-logger = logging.getLogger(__name__)
+from capabilities.jobs import outages
 
 T = TypeVar("T")
 
-FIRST_WAIT_SECONDS = 0.25
-LONGEST_WAIT_SECONDS = 2.0
 # A restart takes seconds; past this the error is raised and the reaper answers the job.
 GIVE_UP_AFTER_SECONDS = 60.0
 
@@ -31,15 +25,6 @@ def written(write: Callable[[], T], what: str) -> T:
     records are conditional updates, so a write that did land before its connection
     broke is harmless again.
     """
-    give_up_at = time.monotonic() + GIVE_UP_AFTER_SECONDS
-    wait = FIRST_WAIT_SECONDS
-    while True:
-        try:
-            return write()
-        except (db.OperationalError, db.InterfaceError):
-            if time.monotonic() + wait > give_up_at:
-                raise
-            logger.warning("The database did not answer (%s); trying again in %.2f s", what, wait)
-            db.close_old_connections()  # the broken connection, so the next try opens one
-            time.sleep(wait)
-            wait = min(wait * 2, LONGEST_WAIT_SECONDS)
+    return outages.retried(
+        write, what, away=outages.DATABASE_AWAY, for_seconds=GIVE_UP_AFTER_SECONDS
+    )
