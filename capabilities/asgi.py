@@ -68,11 +68,6 @@ def _close_oversized_frames_with_1009() -> None:
     defaults to `failByDrop`: the TCP connection is dropped without a close frame.
     Autobahn also refuses 1009 from application code, so this option is the only
     way the agent learns why it was disconnected, as PROTOCOL.md promises.
-
-    The same options give a client `CLOSE_REPLY_SECONDS` to answer our close frame
-    (autobahn waits 1 s, then drops the connection). A client busy for longer, then
-    replying to a dropped socket, gets a reset, and a client library may lose the
-    frames it read with the close: a refusal's `notifications/error` among them.
     """
     from daphne.ws_protocol import WebSocketFactory
 
@@ -81,7 +76,6 @@ def _close_oversized_frames_with_1009() -> None:
     def reset_without_drop(self: WebSocketFactory) -> None:
         reset(self)
         self.failByDrop = False
-        self.closeHandshakeTimeout = CLOSE_REPLY_SECONDS
 
     WebSocketFactory.resetProtocolOptions = reset_without_drop
 
@@ -134,8 +128,6 @@ def _send_registered_close_codes() -> None:
 
 
 REGISTERED_SERVER_CODES = (1012, 1013)
-# How long a client has to answer our close frame before the connection is dropped.
-CLOSE_REPLY_SECONDS = 3.0
 # How long a stopping Daphne waits for its sessions to detach before it cancels what is
 # left (Kubernetes' default grace is 30 s; a detach takes milliseconds).
 DRAIN_SECONDS = 5.0
@@ -158,16 +150,17 @@ def _drain_on_shutdown() -> None:
     from daphne.ws_protocol import WebSocketProtocol
     from twisted.internet import defer
 
-    from capabilities.calls import draining, local_lane
+    from capabilities.calls import draining
+    from capabilities.lane import lane
     from capabilities.transport.consumer import SERVICE_RESTART
 
     kill_all = Server.kill_all_applications
 
     def kill_all_then_the_lane(self: Server) -> Any:
         # The lane's processes are the fork server's children, not Daphne's: nothing
-        # else ends them when Daphne exits.
+        # else ends them when Daphne exits. Closing returns once every one has ended.
         killed = kill_all(self)
-        local_lane.lane().close()
+        lane.current().close()
         return killed
 
     def drain_then_kill(self: Server) -> Any:

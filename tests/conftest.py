@@ -131,7 +131,7 @@ def no_local_lane_in_pytest(monkeypatch: pytest.MonkeyPatch) -> None:
 
     The stack's Daphnes have theirs; one here would fork processes from pytest.
     """
-    from capabilities.calls import local_lane
+    from capabilities.lane import lane as local_lane
 
     monkeypatch.setattr(local_lane, "start_soon", lambda: None)
 

@@ -29,12 +29,12 @@ from django.utils import timezone
 
 from capabilities.access import permissions
 from capabilities.access.principal import Principal
-from capabilities.calls import availability, budgets, cancellation, params_size
+from capabilities.calls import availability, budgets, cancellation
 from capabilities.conf import abp_settings
 from capabilities.jobs import uploads
 from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError, responses
-from capabilities.work import registry
+from capabilities.work import params_size, registry
 from capabilities.work.enqueueing import EnqueueRefused, JobHandle, JobNotFound, user_id_of
 from capabilities.work.users import load_user
 

@@ -22,13 +22,14 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import params_size, resumption, session_records
+from capabilities.calls import resumption, session_records
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle, queue
 from capabilities.jobs.slot_counts import SlotTally
 from capabilities.models import AgentSession, CancelSource, Door, Job
 from capabilities.protocol import ErrorCode, Initialize, WireError
+from capabilities.work import params_size
 
 logger = logging.getLogger(__name__)
 

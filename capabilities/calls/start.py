@@ -17,11 +17,12 @@ from typing import Any
 from capabilities import tracing
 from capabilities.access import rate_limits
 from capabilities.access.principal import Principal
-from capabilities.calls import budgets, job_writes, local_lane, start_retries
+from capabilities.calls import budgets, job_writes, lane_runs, start_retries
 from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs import uploads
 from capabilities.jobs.lifecycle import CallIdInUse
+from capabilities.lane.lane import current as current_lane
 from capabilities.models import Job
 from capabilities.protocol import ErrorCode, WireError, responses
 from capabilities.work import registry
@@ -60,7 +61,7 @@ class CallRequest:
     notify_started: bool
     ticket: StartTicket | None = None
     """A cancel's way in while the job is being written (the WebSocket doors)."""
-    deliver: local_lane.Deliver | None = None
+    deliver: lane_runs.Deliver | None = None
     """Answers a local run at once if the door still holds the call (the WebSocket doors)."""
     turn: StartTurn | None = None
     """Its place among its session's starts (the WebSocket doors start several at once)."""
@@ -108,7 +109,7 @@ async def _start(principal: Principal, call: CallRequest, trace_parent: str = ""
         raise CallRefused(error)
     timeouts = spec.timeouts()
     default_ms = min(timeouts.default_ms, principal.max_timeout_ms(timeouts.max_ms))
-    lane = local_lane.lane()
+    lane = current_lane()
     if call.turn is not None:
         await call.turn.come()
     taken = lane.takes(call.capability, call.params)
@@ -140,7 +141,7 @@ async def _start(principal: Principal, call: CallRequest, trace_parent: str = ""
             lane.give_back()
         raise
     if lane.runs(job):
-        local_lane.spawn(job, call.params, call.deliver)  # gives its place back when done
+        lane_runs.spawn(job, call.params, call.deliver)  # gives its place back when done
     elif taken:
         lane.give_back()
     return job

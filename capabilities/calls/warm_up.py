@@ -26,7 +26,8 @@ from django.db import connection
 
 from capabilities import redis_pool
 from capabilities.access import rate_limits
-from capabilities.calls import availability, local_lane
+from capabilities.calls import availability
+from capabilities.lane import lane
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def begin() -> None:
 
     def start() -> None:
         try:
-            local_lane.lane().start()
+            lane.current().start()
         except Exception:
             logger.exception("The local lane did not start; calls go through Celery")
         finally:
@@ -87,7 +88,7 @@ async def _warm_up() -> None:
         logger.exception("Warming up failed; the first calls may be slower")
     finally:
         _warm = True
-    local_lane.start_soon()
+    lane.start_soon()
 
 
 def _open_database() -> None:
@@ -108,5 +109,5 @@ def _broker() -> None:
 
 def _lane() -> None:
     _lane_started.wait()
-    if not local_lane.lane().warm():
+    if not lane.current().warm():
         logger.warning("The local lane's processes did not all start in time")

@@ -28,7 +28,6 @@ from capabilities.calls import (
     cancellation,
     draining,
     held_sessions,
-    local_lane,
     manifest,
     resumption,
     start,
@@ -40,6 +39,7 @@ from capabilities.calls.start_order import StartOrder, StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.conf import abp_settings
 from capabilities.jobs import lifecycle
+from capabilities.lane import lane
 from capabilities.models import Door, Job, session_group
 from capabilities.protocol import (
     CallRequest,
@@ -105,7 +105,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def connect(self) -> None:
         await availability_watch.ensure_started()
-        local_lane.start_soon()
+        lane.start_soon()
         # Everything until the credential is known; then what its principal may call.
         self.visible: frozenset[str] | None = None
         self.session = Session(

@@ -20,7 +20,7 @@ from capabilities.calls import (
     budgets,
     cancellation,
     job_writes,
-    local_lane,
+    lane_runs,
     resumption,
     session_records,
     start,
@@ -125,7 +125,7 @@ class SessionIO:
         self,
         action: StartCall,
         ticket: StartTicket,
-        deliver: local_lane.Deliver,
+        deliver: lane_runs.Deliver,
         turn: StartTurn | None = None,
     ) -> CallRecord | WireError | None:
         """Start the call through the call service: its job, or why not; None for a

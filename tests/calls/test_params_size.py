@@ -1,4 +1,4 @@
-"""params_size.json_fits against json.dumps itself."""
+"""work/params_size.json_fits against json.dumps itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capabilities.calls.params_size import json_fits
+from capabilities.work.params_size import json_fits
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

@@ -39,9 +39,10 @@ from prometheus_client.samples import Sample
 from pythonjsonlogger.json import JsonFormatter
 
 from abpsite.log_formats import PlainFormatter
-from capabilities.calls import cancellation, draining, local_lane
+from capabilities.calls import cancellation, draining
 from capabilities.jobs import dispatch, lifecycle
 from capabilities.jobs.workers import LiveWorker
+from capabilities.lane import lane as local_lane
 from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
 from capabilities.web import cluster_state, health
 from capabilities.web.metrics_collector import ClusterCollector

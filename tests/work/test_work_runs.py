@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from capabilities.jobs.lifecycle import Outcome
+from capabilities.lane.child import NoJob
 from capabilities.models import JobStatus
 from capabilities.protocol import ErrorCode, WireError
 from capabilities.work import runs
 from capabilities.work.context import JobAborted
-from capabilities.work.local_run import NoJob
 
 
 def test_data_becomes_a_success() -> None:

@@ -1,4 +1,4 @@
-"""What a local lane's process runs (capabilities/calls/local_lane.py): one runner.
+"""What a lane process runs (the pool is lane/pool.py): one runner at a time.
 
 The lane's processes are forked from a clean fork server, not from Daphne, and run
 one capability at a time. A run has no job context of its own: no checkpoints (the

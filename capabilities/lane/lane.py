@@ -7,19 +7,17 @@ process is free and their agent is within its share, skip Celery:
 
 - their job row is written already running (worker `local@<host>:<pid>`, queue
   `local`): the row exists before the work starts, and the admin shows it;
-- the run goes to the lane's processes (calls/lane_pool.py), which come from a fork
+- the run goes to the lane's processes (lane/pool.py), which come from a fork
   server, not from Daphne, each capped in memory and killed past
   LOCAL_LANE_TIME_LIMIT_SECONDS;
-- when it ends, one conditional UPDATE settles the job. If the connection that made
-  the call still holds it, the same statement claims its delivery and that
-  connection answers at once; otherwise the result goes to the session's group, as
-  a worker's does.
+- when it ends, the call service settles it and answers it (calls/lane_runs.py).
 
 A cancel settles first, as always, then raises the job's abort flag: the lane hears
 it and kills the process running the job (the pool starts another). Until a run is
 settled, the lane's heartbeat thread (jobs/heartbeats.py) keeps its job's heartbeat fresh;
 if Daphne itself dies, the heartbeat stops, and the reaper fails the job WORKER_LOST
-once it is WORKER_LOST_AFTER_SECONDS old.
+once it is WORKER_LOST_AFTER_SECONDS old. The lane lives once (lane/states.py): closed,
+it starts no process again.
 """
 
 from __future__ import annotations
@@ -29,28 +27,21 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from channels.db import database_sync_to_async
-
-from capabilities import tracing
-from capabilities.calls import job_writes, lane_pool, params_size
-from capabilities.calls.lane_pool import LanePool
 from capabilities.conf import abp_settings
-from capabilities.jobs import abort_listener, lifecycle, results
+from capabilities.jobs import abort_listener, lifecycle
 from capabilities.jobs.heartbeats import HeartbeatThread
+from capabilities.lane import pool
+from capabilities.lane.pool import LanePool
+from capabilities.lane.states import STARTS_PROCESSES, LaneEvent, LaneLifecycle, LaneState
 from capabilities.models import CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError
-from capabilities.work import runs
+from capabilities.work import params_size, runs
 
 logger = logging.getLogger(__name__)
 
 LOCAL_QUEUE = "local"
-
-# Settles a finished run and answers it, if this connection holds the call; False:
-# it does not, and the session's group hears of the result instead.
-Deliver = Callable[[Job, lifecycle.Outcome, dict[str, Any]], Awaitable[bool]]
 
 
 class LocalLane:
@@ -58,6 +49,7 @@ class LocalLane:
 
     def __init__(self) -> None:
         self.name = f"local@{socket.gethostname()}:{os.getpid()}"
+        self._life = LaneLifecycle()
         self._pool: LanePool | None = None
         self._start_lock = threading.Lock()
         self._runs: dict[str, asyncio.Future[lifecycle.Outcome | None]] = {}
@@ -69,35 +61,44 @@ class LocalLane:
         self.unsettled: set[str] = set()
         self._heartbeat = HeartbeatThread("abp-lane-heartbeat", self.beat)
 
+    @property
+    def state(self) -> LaneState:
+        """Where the lane is in its life (lane/states.py)."""
+        return self._life.state
+
     def start(self) -> None:
-        """Start the pool, if the lane is on (blocking: call it off the event loop)."""
+        """Start the pool, if the lane is on and was never started nor closed (blocking:
+        call it off the event loop)."""
         abp = abp_settings()
         processes = abp.LOCAL_LANE_PROCESSES
         with self._start_lock:
-            if self._pool is not None or processes <= 0:
+            if self.state is not LaneState.NOT_STARTED or processes <= 0:
                 return
             self._pool = LanePool(
                 processes,
                 abp.LOCAL_LANE_MEMORY_LIMIT_MB,
                 list(abp.LOCAL_LANE_CAPABILITIES),
+                self._life,
             )
             self._heartbeat.start()
         logger.info("Local lane started: %s processes (%s)", processes, self.name)
 
     def close(self) -> None:
-        """End the lane with the process (blocking, briefly): every lane process is
-        killed and none starts after. Runs not finished stop beating, and the reaper
-        answers them as it would had Daphne died."""
+        """End the lane for good (blocking, briefly): every lane process has ended when
+        it returns, and none starts after, even if `start` comes later. Runs not
+        finished stop beating, and the reaper answers them as it would had Daphne died."""
         with self._start_lock:
-            pool, self._pool = self._pool, None
-        if pool is None:
-            return
+            started = self._pool
+            if started is None:
+                self._life.on(LaneEvent.CLOSE)  # never started: it never will
+                return
         self._heartbeat.stop()
-        pool.close()
+        started.close()
         logger.info("Local lane stopped (%s)", self.name)
 
     def warm(self, timeout: float = 60.0) -> bool:
-        """Wait until every process has loaded its runners (blocking); False if not in time."""
+        """Wait until every process has loaded its runners (blocking); False if not in
+        time, or if the lane closed meanwhile."""
         return self._pool is None or self._pool.wait_ready(timeout)
 
     def beat(self) -> None:
@@ -115,7 +116,7 @@ class LocalLane:
         abp = abp_settings()
         processes = abp.LOCAL_LANE_PROCESSES
         taken = (
-            self._pool is not None
+            self.state in STARTS_PROCESSES
             and capability in abp.LOCAL_LANE_CAPABILITIES
             and self._places < processes * (1 + abp.LOCAL_LANE_BACKLOG)
             and params_size.json_fits(params, abp.LOCAL_LANE_MAX_PARAMS_BYTES)
@@ -146,7 +147,7 @@ class LocalLane:
         self._runs[job_id] = future
         future.add_done_callback(lambda _: self._runs.pop(job_id, None))
 
-        def done(ended: runs.Ran | lane_pool.Failure) -> None:
+        def done(ended: runs.Ran | pool.Failure) -> None:
             loop.call_soon_threadsafe(_resolve, future, _outcome(job_id, ended))
 
         self._pool.submit(job_id, capability, params, seconds, done, user_id=user_id)
@@ -169,7 +170,7 @@ class LocalLane:
 _lane = LocalLane()
 
 
-def lane() -> LocalLane:
+def current() -> LocalLane:
     """This process's lane."""
     return _lane
 
@@ -192,57 +193,11 @@ def start_soon() -> None:
         _watching = asyncio.create_task(abort_listener.listen(listener))
 
 
-_tasks: set[asyncio.Task[None]] = set()
-
-
-def spawn(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
-    """Run a job written to run here, and settle it, in a task of its own.
-
-    The run holds the place its start took (`LocalLane.takes`) until it ends.
-    """
-    task = asyncio.create_task(_run_job(job, params, deliver))
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
-
-
-async def _run_job(job: Job, params: dict[str, Any], deliver: Deliver | None) -> None:
-    _lane.unsettled.add(str(job.id))
-    try:
-        # The lane's own cap; the call's deadline cancels it as any call's does.
-        seconds = abp_settings().LOCAL_LANE_TIME_LIMIT_SECONDS
-        outcome = await _ran(job, params, seconds)
-        if outcome is None:  # stopped: whoever stopped it settled it first
-            await database_sync_to_async(lifecycle.record_stopped)(job.id)
-            return
-        response = results.outcome_response(job, outcome)
-        if deliver is not None and await deliver(job, outcome, response):
-            return
-        await job_writes.settle(
-            job_writes.LocalSettle(job=job, outcome=outcome, response=response, answered_here=False)
-        )
-    except Exception:
-        # The row stays running; the reaper fails it WORKER_LOST, and its agent hears.
-        logger.exception("Local run of job %s failed", job.id)
-    finally:
-        _lane.unsettled.discard(str(job.id))
-        _lane.give_back()
-
-
-async def _ran(job: Job, params: dict[str, Any], seconds: float) -> lifecycle.Outcome | None:
-    """The lane's run of the job, under `abp.run` while traces are on."""
-    if not tracing.enabled():
-        return await _lane.run(str(job.id), job.capability, params, seconds, job.user_id)
-    with tracing.span(
-        "abp.run", job.trace_parent, job_id=job.id, capability=job.capability, worker=job.worker
-    ):
-        return await _lane.run(str(job.id), job.capability, params, seconds, job.user_id)
-
-
-def _outcome(job_id: str, ended: runs.Ran | lane_pool.Failure) -> lifecycle.Outcome:
+def _outcome(job_id: str, ended: runs.Ran | pool.Failure) -> lifecycle.Outcome:
     """The outcome of a run: what its process returned, or how the pool lost it."""
-    if ended is lane_pool.Failure.TIME_LIMIT:
+    if ended is pool.Failure.TIME_LIMIT:
         return lifecycle.Outcome.cancelled(CancelSource.TIMEOUT, "local lane time limit")
-    if ended is lane_pool.Failure.PROCESS_LOST:
+    if ended is pool.Failure.PROCESS_LOST:
         return lifecycle.Outcome.failed(
             WireError(
                 code=ErrorCode.WORKER_LOST,

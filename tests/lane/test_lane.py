@@ -1,4 +1,4 @@
-"""The local lane (capabilities/calls/local_lane.py) on the real stack, and its parts.
+"""The local lane (capabilities/lane/) on the real stack, and its parts.
 
 The stack's Daphne runs small Markdown calls in its lane, as the product does. A
 second Daphne beside it (`lane_web`) also takes the test capabilities into its lane,
@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from capabilities.calls import cancellation, lane_pool, local_lane
+from capabilities.calls import cancellation
 from capabilities.conf import abp_settings
 from capabilities.jobs.heartbeats import HeartbeatThread
+from capabilities.lane import child, pool
+from capabilities.lane import lane as local_lane
+from capabilities.lane.states import LaneEvent
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
-from capabilities.work import local_run
 from tests.support.agent import Agent
 from tests.support.stack import ManagedProcess, Stack, free_port, port_open
 from tests.support.waiting import eventually, seconds_between
@@ -240,32 +242,32 @@ def test_the_lane_heartbeat_keeps_a_job_from_the_reaper_until_it_is_settled() ->
 
 
 def test_a_run_answers_data_or_a_coded_error() -> None:
-    local_run.prepare(0, ["convert.markdownToHtml"])
-    ran = local_run.run("convert.markdownToHtml", SMALL)
+    child.prepare(0, ["convert.markdownToHtml"])
+    ran = child.run("convert.markdownToHtml", SMALL)
     assert ran.data is not None
     assert ran.data["html"].startswith("<h1>")
-    refused = local_run.run("convert.markdownToHtml", {"markdown": NESTED_TOO_DEEPLY})
+    refused = child.run("convert.markdownToHtml", {"markdown": NESTED_TOO_DEEPLY})
     assert refused.error is not None
     assert refused.error.code == ErrorCode.INVALID_PARAMS
-    unknown = local_run.run("no.such", {}).error
+    unknown = child.run("no.such", {}).error
     assert unknown is not None
     assert unknown.code == ErrorCode.UNKNOWN_CAPABILITY
-    crashed = local_run.run("test.sleep", {"mode": "crash", "steps": 0})
+    crashed = child.run("test.sleep", {"mode": "crash", "steps": 0})
     assert crashed.error is not None
     assert crashed.error.code == ErrorCode.OPERATION_FAILED
     assert crashed.crashed
     assert "asked to crash" in crashed.traceback
     with pytest.raises(Exception, match="cannot run in the local lane"):
-        local_run.NoJob().save_file(b"", mime_type="x/y", filename="f")
+        child.NoJob().save_file(b"", mime_type="x/y", filename="f")
 
 
 def test_pool_failures_are_a_timeout_or_a_lost_process() -> None:
-    timeout = local_lane._outcome("job", lane_pool.Failure.TIME_LIMIT)
+    timeout = local_lane._outcome("job", pool.Failure.TIME_LIMIT)
     assert (timeout.status, timeout.cancel_source) == (JobStatus.CANCELLED, CancelSource.TIMEOUT)
     assert timeout.error is not None
     assert timeout.error.code == ErrorCode.TIMEOUT
     assert timeout.cancel_reason == "local lane time limit"
-    lost = local_lane._outcome("job", lane_pool.Failure.PROCESS_LOST)
+    lost = local_lane._outcome("job", pool.Failure.PROCESS_LOST)
     assert lost.error is not None
     assert (lost.status, lost.error.code, lost.error.retryable) == (
         JobStatus.FAILED,
@@ -277,7 +279,7 @@ def test_pool_failures_are_a_timeout_or_a_lost_process() -> None:
 def test_the_lane_takes_only_its_capabilities_small_params_and_while_it_has_room() -> None:
     lane = local_lane.LocalLane()
     assert not lane.takes("convert.markdownToHtml", SMALL)  # not started
-    lane._pool = object()  # type: ignore[assignment]
+    lane._life.on(LaneEvent.START)  # its processes starting: runs wait for them
     assert lane.takes("convert.markdownToHtml", SMALL)
     assert not lane.takes("export.pdf", {"html": "x"})
     big = {"markdown": "x" * (abp_settings().LOCAL_LANE_MAX_PARAMS_BYTES + 1)}

@@ -1,4 +1,4 @@
-"""The local lane's processes (capabilities/calls/lane_pool.py), real ones, without Daphne.
+"""The local lane's processes (capabilities/lane/pool.py), real ones, without Daphne.
 
 What matters is that no kill wedges the pool: a process killed while idle (a cancel
 racing its run's end) held the shared task pipe's lock in billiard's Pool, and no
@@ -18,7 +18,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from capabilities.calls.lane_pool import Failure, LanePool
+from capabilities.lane.pool import Failure, LanePool
 from capabilities.work import runs
 
 # Real processes, forked and killed: the stack lane's.
@@ -175,7 +175,7 @@ def test_a_process_starting_while_the_pool_closes_is_ended_with_it() -> None:
         process = make_process(*args, **kwargs)
 
         def late_start() -> None:
-            while not lane._closed:
+            while lane.life.starts_processes():
                 time.sleep(0.01)
             del process.start  # the class's own again, and nothing local to pickle
             process.start()
@@ -216,3 +216,4 @@ def test_closing_releases_whoever_waits_for_the_lane_to_be_warm() -> None:
     ready, took = waited.get(timeout=10)
     assert ready is False
     assert took < 10
+
