@@ -68,6 +68,11 @@ def _close_oversized_frames_with_1009() -> None:
     defaults to `failByDrop`: the TCP connection is dropped without a close frame.
     Autobahn also refuses 1009 from application code, so this option is the only
     way the agent learns why it was disconnected, as PROTOCOL.md promises.
+
+    The same options give a client `CLOSE_REPLY_SECONDS` to answer our close frame
+    (autobahn waits 1 s, then drops the connection). A client busy for longer, then
+    replying to a dropped socket, gets a reset, and a client library may lose the
+    frames it read with the close: a refusal's `notifications/error` among them.
     """
     from daphne.ws_protocol import WebSocketFactory
 
@@ -76,6 +81,7 @@ def _close_oversized_frames_with_1009() -> None:
     def reset_without_drop(self: WebSocketFactory) -> None:
         reset(self)
         self.failByDrop = False
+        self.closeHandshakeTimeout = CLOSE_REPLY_SECONDS
 
     WebSocketFactory.resetProtocolOptions = reset_without_drop
 
@@ -128,6 +134,8 @@ def _send_registered_close_codes() -> None:
 
 
 REGISTERED_SERVER_CODES = (1012, 1013)
+# How long a client has to answer our close frame before the connection is dropped.
+CLOSE_REPLY_SECONDS = 3.0
 # How long a stopping Daphne waits for its sessions to detach before it cancels what is
 # left (Kubernetes' default grace is 30 s; a detach takes milliseconds).
 DRAIN_SECONDS = 5.0
