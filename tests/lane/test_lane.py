@@ -21,7 +21,7 @@ from capabilities.conf import abp_settings
 from capabilities.jobs.heartbeats import HeartbeatThread
 from capabilities.lane import child, pool
 from capabilities.lane import lane as local_lane
-from capabilities.lane.states import LaneEvent
+from capabilities.lane.states import LaneEvent, LaneState
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode
 from tests.support.agent import Agent
@@ -295,6 +295,19 @@ def test_the_lane_takes_only_its_capabilities_small_params_and_while_it_has_room
     assert lane.takes("convert.markdownToHtml", SMALL)
     assert not lane.takes("convert.markdownToHtml", SMALL)
     assert os.getpid() == int(lane.name.rsplit(":", 1)[1])
+
+
+def test_a_lane_closed_before_it_started_never_starts() -> None:
+    # Daphne stopped before the warm-up's thread started the lane: that start comes
+    # after the close, and must start no process.
+    lane = local_lane.LocalLane()
+    assert abp_settings().LOCAL_LANE_PROCESSES > 0
+    lane.close()
+    lane.start()
+    assert lane.state is LaneState.STOPPED
+    assert lane._pool is None
+    assert lane.warm(timeout=0)  # nothing to wait for
+    assert not lane.takes("convert.markdownToHtml", SMALL)
 
 
 def test_a_cancel_from_another_process_kills_the_local_run(lane_agent: Agent) -> None:

@@ -19,6 +19,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from capabilities.lane.pool import Failure, LanePool
+from capabilities.lane.states import LaneState
 from capabilities.work import runs
 
 # Real processes, forked and killed: the stack lane's.
@@ -217,3 +218,76 @@ def test_closing_releases_whoever_waits_for_the_lane_to_be_warm() -> None:
     assert ready is False
     assert took < 10
 
+
+def never_ready(conn: Any, *_: Any) -> None:
+    """A lane process that never says it has loaded its runners (a slow start-up)."""
+    conn.recv()
+
+
+class Starts:
+    """Every process the pool creates from now on (the pool's own, unchanged unless
+    `target` is given)."""
+
+    def __init__(self, lane: LanePool, target: Any = None) -> None:
+        self.made: list[Any] = []
+        make_process = lane._context.Process
+
+        def making(*args: Any, **kwargs: Any) -> Any:
+            if target is not None:
+                kwargs["target"] = target
+            process = make_process(*args, **kwargs)
+            self.made.append(process)
+            return process
+
+        setattr(lane._context, "Process", making)  # noqa: B010 - this pool's, for this test
+
+
+def assert_ended_for_good(lane: LanePool, pids: list[int], starts: Starts) -> None:
+    """No process the pool had is alive, and none can start: its threads are gone."""
+    assert lane.life.state is LaneState.STOPPED
+    assert [pid for pid in pids if not gone(pid)] == []
+    assert lane.pids() == []
+    assert not any(thread.is_alive() for thread in lane._threads)
+    made = len(starts.made)
+    Ends().submit(lane, "after-the-close", QUICK)
+    assert not any(thread.is_alive() for thread in lane._threads)
+    assert len(starts.made) == made
+
+
+def test_a_close_while_every_process_is_busy_ends_them_all_for_good() -> None:
+    lane = LanePool(2, 512, [SLEEP])
+    assert lane.wait_ready(60)
+    assert lane.life.state is LaneState.RUNNING
+    ends = Ends()
+    ends.submit(lane, "one", BLOCK)
+    ends.submit(lane, "two", BLOCK)
+    busy = [running_pid(lane, "one"), running_pid(lane, "two")]
+    starts = Starts(lane)
+    lane.close()
+    assert_ended_for_good(lane, busy, starts)
+    assert starts.made == []  # the processes it killed were not started again
+    assert ends.none_within(0.5)  # dropped with the pool: the reaper answers their jobs
+    assert lane.wait_ready(1) is False
+
+
+def test_a_close_while_a_process_restarts_ends_its_replacement_before_it_is_up() -> None:
+    lane = LanePool(1, 512, [SLEEP])
+    assert lane.wait_ready(60)
+    [first] = lane.pids()
+    starts = Starts(lane, target=never_ready)
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not gone(first) and time.monotonic() < deadline:
+        time.sleep(0.01)  # dead while idle, before the run comes
+    ends = Ends()
+    ends.submit(lane, "after-the-kill", QUICK)  # its slot finds it dead and restarts it
+    deadline = time.monotonic() + 10
+    while not [pid for pid in lane.pids() if pid != first] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [replacement] = starts.made
+    assert replacement.pid in lane.pids()
+    assert not lane._slots[0].ready.is_set()  # started, not yet up
+    lane.close()
+    assert_ended_for_good(lane, [first, replacement.pid], starts)
+    assert len(starts.made) == 1
+    assert ends.none_within(0.5)

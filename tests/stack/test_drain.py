@@ -137,3 +137,39 @@ def _zombie(pid: int) -> bool:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
+
+
+def test_every_lane_process_has_ended_when_a_daphne_stopped_with_a_busy_lane_exits(
+    stack: Stack,
+) -> None:
+    port = free_port()
+    leaving = stack.new_web(port, name="daphne-lane-busy-stop", env=LANE)
+    leaving.start(lambda: port_open(port))
+    try:
+        with Agent(f"ws://127.0.0.1:{port}/abp/ws") as agent:
+            agent.initialize()
+            agent.result_of(agent.call("convert.markdownToHtml", {"markdown": "# warm"}))
+            pid = leaving.pid
+            eventually(lambda: len(lane_processes(pid)) >= 2)
+            # Both processes blocked in a long run each (the lane's time limit is longer).
+            blocked = {"mode": "block", "steps": 1, "stepMs": 4_000}
+            for n in range(2):
+                agent.call("test.sleep", blocked, call_id=f"busy-{n}")
+            eventually(
+                lambda: (
+                    Job.objects.filter(session_id=agent.session_id, status="running")
+                    .exclude(started_at=None)
+                    .count()
+                    == 2
+                )
+            )
+            seen = {process.pid for process in lane_processes(pid)}
+            leaving.stop()
+            exit_code = leaving.proc.returncode if leaving.proc else None
+    finally:
+        leaving.kill()
+    assert "Local lane stopped" in leaving.log_text(), leaving.tail()
+    assert exit_code is not None
+    assert exit_code >= 0, leaving.tail()  # it exited, not killed after the timeout
+    # Ended before Daphne exited: no wait here.
+    assert [p for p in seen if psutil.pid_exists(p) and not _zombie(p)] == []
