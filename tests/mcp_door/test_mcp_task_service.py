@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from capabilities.access import agent_keys
 from capabilities.access.principal import Principal
-from capabilities.mcp_door import task_rows
+from capabilities.mcp_door import task_service
 from capabilities.models import AgentSession, Door, Job, JobStatus
 
 pytestmark = pytest.mark.usefixtures("database")
@@ -35,7 +35,7 @@ def task_of(principal: Principal, *, task: bool = True) -> Job:
         user_id=principal.user_id,
         agent_key=principal.key,
     )
-    call_id = task_rows.new_call_id(1000) if task else str(uuid.uuid4())
+    call_id = task_service.new_call_id(1000) if task else str(uuid.uuid4())
     job: Job = Job.objects.create(
         session=session,
         call_id=call_id,
@@ -60,14 +60,14 @@ def test_a_users_tasks_are_theirs_from_any_of_their_keys_and_sessions() -> None:
     task_of(ann_laptop, task=False)  # a plain call is never a task
 
     for principal in (ann_laptop, ann_ci):
-        assert ids(task_rows.page(principal, None).jobs) == ids(made)
-        assert [task_rows.find(principal, str(job.id)) for job in made] == made
-        assert task_rows.find(principal, str(bobs.id)) is None
-    assert ids(task_rows.page(bob_key, None).jobs) == ids([bobs])
+        assert ids(task_service.page(principal, None).jobs) == ids(made)
+        assert [task_service.find(principal, str(job.id)) for job in made] == made
+        assert task_service.find(principal, str(bobs.id)) is None
+    assert ids(task_service.page(bob_key, None).jobs) == ids([bobs])
     for job in made:
-        assert task_rows.find(bob_key, str(job.id)) is None
+        assert task_service.find(bob_key, str(job.id)) is None
     # Another user's task as a cursor is an unknown cursor, as any id is.
-    assert task_rows.page(bob_key, str(made[0].id)).unknown_cursor
+    assert task_service.page(bob_key, str(made[0].id)).unknown_cursor
 
 
 def test_a_service_keys_tasks_are_its_own_and_no_users() -> None:
@@ -76,14 +76,14 @@ def test_a_service_keys_tasks_are_its_own_and_no_users() -> None:
     own = task_of(service)
     task_of(other_service)
     anns = task_of(ann_key)
-    assert ids(task_rows.page(service, None).jobs) == ids([own])
-    assert task_rows.find(service, str(anns.id)) is None
-    assert task_rows.find(other_service, str(own.id)) is None
-    assert task_rows.find(ann_key, str(own.id)) is None
+    assert ids(task_service.page(service, None).jobs) == ids([own])
+    assert task_service.find(service, str(anns.id)) is None
+    assert task_service.find(other_service, str(own.id)) is None
+    assert task_service.find(ann_key, str(own.id)) is None
 
 
 def test_anything_not_a_task_id_is_not_found() -> None:
     principal = key_principal(new_user())
     plain = task_of(principal, task=False)
     for task_id in ("not-a-uuid", str(uuid.uuid4()), str(plain.id)):
-        assert task_rows.find(principal, task_id) is None
+        assert task_service.find(principal, task_id) is None
