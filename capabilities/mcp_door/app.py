@@ -18,7 +18,6 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -29,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from capabilities.access import credentials, oauth_tokens
 from capabilities.access.principal import Principal
 from capabilities.conf import abp_settings
+from capabilities.jobs import outages
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import challenges, scope_checks, server, sessions
 from capabilities.mcp_door.tool_calls import PRINCIPAL_SCOPE_KEY
@@ -134,7 +134,7 @@ async def _authenticate(scope: Scope) -> tuple[Principal | None, Response | None
         principal: Principal = await credentials.authenticate_async(scope, query=False)
     except credentials.Refused as refused:
         return None, _refusal(scope, refused.reason)
-    except DatabaseError:
+    except outages.DATABASE_AWAY:
         # The key could not be looked up (PostgreSQL restarting): try again, not a 500.
         logger.warning("MCP request refused: the agent key could not be checked", exc_info=True)
         return None, _unavailable()

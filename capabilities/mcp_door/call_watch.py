@@ -24,14 +24,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.db import DatabaseError
 from mcp.server.connection import Connection
 
 from capabilities.calls import job_writes, session_records
-from capabilities.jobs import lifecycle
+from capabilities.jobs import lifecycle, outages
 from capabilities.jobs.notes import Note
 from capabilities.mcp_door import sdk_seams
 from capabilities.models import Job, session_group
@@ -139,7 +138,7 @@ class CallWatch:
                 claimed = await database_sync_to_async(session_records.claim_response)(
                     job_id, base_url, response, inline_max_bytes=inline_max_bytes
                 )
-            except DatabaseError:
+            except outages.DATABASE_AWAY:
                 # PostgreSQL restarting: the job goes on, and so does the wait for it.
                 logger.warning("Could not read call %s's outcome yet; trying again", call_id)
                 continue
@@ -167,7 +166,7 @@ async def watching(session_id: str) -> AsyncIterator[CallWatch]:
     try:
         channel: str = await layer.new_channel("abp.call.")
         await layer.group_add(group, channel)
-    except (redis.RedisError, OSError) as error:
+    except outages.REDIS_AWAY as error:
         raise CannotWatch from error
     watch = CallWatch(session_id, channel)
     _watches.setdefault(session_id, set()).add(watch)
@@ -231,7 +230,7 @@ async def _withdrawal(session_id: str) -> str:
         try:
             channel: str = await layer.new_channel("abp.withdrawn.")
             await layer.group_add(group, channel)
-        except (redis.RedisError, OSError):
+        except outages.REDIS_AWAY:
             logger.warning("MCP session %s cannot listen for withdrawals yet", session_id)
             await asyncio.sleep(QUIET_SECONDS)
             continue

@@ -43,8 +43,6 @@ from capabilities.mcp_door.task_service import TaskStatus
 from capabilities.work import registry
 
 IDENTIFIER = "io.modelcontextprotocol/tasks"
-# What a task's own session row is closed with, once its job exists.
-ROW_CLOSED_REASON = task_service.ROW_CLOSED_REASON
 _VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
 
 

@@ -19,7 +19,7 @@ from mcp_types.jsonrpc import HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILIT
 
 from capabilities.access import agent_keys
 from capabilities.conf import abp_settings
-from capabilities.mcp_door import tasks_extension
+from capabilities.mcp_door import task_service
 from capabilities.models import SETTLED_STATUSES, CancelSource, Job, JobStatus
 from tests.support.mcp_clients import TASKS_EXTENSION, RawModern, suite_key
 from tests.support.stack import Stack
@@ -100,7 +100,7 @@ def test_a_task_completes_with_the_plain_calls_result(stack: Stack) -> None:
     job = Job.objects.select_related("session").get(pk=created["taskId"])
     assert (job.status, job.cancel_source) == (JobStatus.SUCCEEDED, "")
     assert job.session.closed_at is not None
-    assert job.session.close_reason == tasks_extension.ROW_CLOSED_REASON
+    assert job.session.close_reason == task_service.ROW_CLOSED_REASON
 
 
 def test_a_task_outlives_its_request_and_the_grace_period(stack: Stack) -> None:
