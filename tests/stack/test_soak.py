@@ -13,6 +13,7 @@ import contextlib
 import os
 import random
 import socket
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -308,33 +309,38 @@ class _Relay:
 
     def __init__(self) -> None:
         self.refused_at: float | None = None
+        self.began = threading.Event()
         self.calls: list[str] = []
 
     def refuse(self) -> None:
         self.calls.append("refuse")
         self.refused_at = time.monotonic()
+        self.began.set()
 
     def accept_again(self) -> None:
         self.calls.append("accept again")
+        self.began.clear()
 
 
 def test_an_aimed_fault_waits_for_its_moment_and_says_which_it_hit() -> None:
-    """Redis is refused once a call goes out whose cancel follows within 50-400 ms; a call
-    whose cancel follows at once, or a moment of another kind, is not it."""
+    """Redis refused, a call that goes out with its cancel due within 250 ms keeps it
+    refused until its cancel was sent; one whose cancel comes later, or a moment of
+    another kind, is not it."""
     ledger = Ledger()
     relay = _Relay()
     injector = Injector(SimpleNamespace(relay=relay), ledger, random.Random(1))  # type: ignore[arg-type]
-    fault = Fault(0.0, Kind.REDIS_REFUSED_AT_CANCEL, "relay", 0.05)
+    fault = Fault(0.0, Kind.REDIS_REFUSED_AT_CANCEL, "relay", 1.0)
     aimed_at = Op("rpc", "rpc-2", "test.sleep", "queued", None, 0.0)
 
     async def load() -> None:
         await asyncio.sleep(0.05)
-        ledger.reached(Moment.RESUME_SENT, "rpc session s")
+        ledger.reached(Moment.RESUME_SENT, "rpc session", session="s")
         ledger.reached(Moment.CANCEL_DUE, "rpc-1", op=Op("rpc", "rpc-1", "x", "", None, 0.0),
-                       cancel_in=0.0)  # fmt: skip
-        assert relay.calls == []
+                       cancel_in=0.5)  # fmt: skip
         ledger.reached(Moment.CANCEL_DUE, "rpc-2", op=aimed_at, cancel_in=0.16)
+        await asyncio.sleep(0.16)
         aimed_at.cancelled_at = ledger.now()
+        ledger.answer(aimed_at, "cancelled", {})
 
     async def both() -> None:
         await asyncio.gather(injector._one(0, fault), load())
@@ -342,19 +348,46 @@ def test_an_aimed_fault_waits_for_its_moment_and_says_which_it_hit() -> None:
     asyncio.run(both())
     assert fault.error == ""
     assert relay.calls == ["refuse", "accept again"]
-    assert "hit a call sent, its cancel due: rpc-2" in fault.note, fault.note
+    assert "hit rpc-2 at " in fault.note, fault.note
     assert "its cancel due 160 ms later" in fault.note
-    assert f"its cancel sent at {aimed_at.cancelled_at} s" in fault.note
+    assert f"its cancel sent at {aimed_at.cancelled_at} s; answered cancelled" in fault.note
 
 
-def test_an_aimed_fault_strikes_at_its_bound_when_no_moment_comes() -> None:
+def test_an_aimed_fault_notes_that_no_moment_came_within_its_hold() -> None:
     ledger = Ledger()
     relay = _Relay()
-    injector = Injector(SimpleNamespace(relay=relay), ledger, random.Random(1), aim_bound=0.05)  # type: ignore[arg-type]
-    fault = Fault(0.0, Kind.REDIS_REFUSED_AT_CANCEL, "relay", 0.01)
+    injector = Injector(SimpleNamespace(relay=relay), ledger, random.Random(1))  # type: ignore[arg-type]
+    fault = Fault(0.0, Kind.REDIS_REFUSED_AT_CANCEL, "relay", 0.05)
 
     asyncio.run(injector._one(0, fault))
 
     assert relay.calls == ["refuse", "accept again"]
-    assert fault.note.startswith("a call sent, its cancel due: none within the bound"), fault.note
+    assert fault.note.startswith("a call sent, its cancel due: none while refused"), fault.note
     ledger.reached(Moment.CANCEL_DUE, "late", cancel_in=0.1)  # the watch given up: no one told
+
+
+def test_the_redis_relay_refuses_at_the_command_it_waits_for() -> None:
+    """Commands without every marker pass; the one with them never reaches Redis: its
+    connection is reset there and then, and new ones are refused."""
+    with contextlib.ExitStack() as sockets:
+        redis_side = sockets.enter_context(socket.create_server(("127.0.0.1", 0)))
+        relay = RedisRelay(redis_side.getsockname()[1])
+        sockets.callback(relay.close)
+        daphne = sockets.enter_context(socket.create_connection(("127.0.0.1", relay.port), 5))
+        upstream = sockets.enter_context(redis_side.accept()[0])
+        relay.refuse_at(b"PUBLISH", b"abp.session.1")
+
+        daphne.sendall(b"SUBSCRIBE abp.session.1\r\n")
+        assert upstream.recv(64) == b"SUBSCRIBE abp.session.1\r\n"
+        daphne.sendall(b"PUBLISH abp.session.2 x\r\n")
+        assert upstream.recv(64) == b"PUBLISH abp.session.2 x\r\n"
+        assert not relay.began.is_set()
+
+        daphne.sendall(b"PUBLISH abp.session.1 x\r\n")
+        with pytest.raises(ConnectionResetError):
+            daphne.recv(4)
+        with pytest.raises(ConnectionResetError):
+            upstream.recv(64)  # Redis's end is reset too
+        assert relay.began.is_set()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", relay.port), timeout=5)

@@ -69,6 +69,7 @@ class Reached:
     moment: Moment
     at: float
     what: str
+    session: str = ""
     op: Op | None = None
     cancel_in: float | None = None
 

@@ -145,7 +145,7 @@ class SoakAgent(fleet.AgentSession):
         # fleet.AgentSession._attach starts a socket's reader, then sends its initialize:
         # whoever waits for the resume runs once that frame has gone out.
         if self._resuming and not self._dropped:
-            self.ledger.reached(Moment.RESUME_SENT, f"{self.door} session {self.session_id}")
+            self.ledger.reached(Moment.RESUME_SENT, f"{self.door} session", session=self.session_id)
         await super()._read(conn)
 
     async def _recover(self) -> None:

@@ -117,7 +117,7 @@ class RpcSession:
             }
             if not self._dropped:
                 # Whoever waits for it runs once the frame below has gone out.
-                self.ledger.reached(Moment.RESUME_SENT, f"{DOOR} session {self.session_id}")
+                self.ledger.reached(Moment.RESUME_SENT, f"{DOOR} session", session=self.session_id)
         answer = await self._request(
             "initialize",
             {"protocolVersion": 1, "clientInfo": {"name": "soak", "version": "1"}, "_meta": meta},
