@@ -276,9 +276,11 @@ class LanePool:
         try:
             ours.recv()  # prepared
         except (EOFError, OSError):
-            logger.error(
-                "Local lane: a process died while it started (exit code %s)", process.exitcode
-            )
+            if not self._closing():  # one that `close` ended is no error
+                logger.error(
+                    "Local lane: a process died while it started (exit code %s)",
+                    process.exitcode,
+                )
             self._end(slot, ours)
             return None
         slot.ready.set()
