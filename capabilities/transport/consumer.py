@@ -21,7 +21,6 @@ from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.db import DatabaseError
 
 from capabilities.access import agent_keys, credentials, visibility
 from capabilities.calls import (
@@ -38,7 +37,7 @@ from capabilities.calls.background import Background
 from capabilities.calls.start_order import StartOrder, StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.conf import abp_settings
-from capabilities.jobs import lifecycle
+from capabilities.jobs import lifecycle, outages
 from capabilities.lane import lane
 from capabilities.models import Door, Job, session_group
 from capabilities.protocol import (
@@ -55,8 +54,8 @@ from capabilities.session import actions as do
 from capabilities.session.machine import Session
 from capabilities.session.wire import Wire
 from capabilities.transport import availability_watch, takeover_notice
-from capabilities.transport.background import Timers
 from capabilities.transport.call_starts import CallStarts
+from capabilities.transport.call_timers import Timers
 from capabilities.transport.session_io import SessionIO
 
 logger = logging.getLogger(__name__)
@@ -142,7 +141,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.accept(subprotocol=subprotocol)
             await self.perform(self.session.refuse(refused.reason))
             return
-        except DatabaseError:
+        except outages.DATABASE_AWAY:
             # The key could not be looked up (PostgreSQL restarting): 1013, try again
             # later, which every client reconnects (or resumes) after.
             logger.warning("Connection closed: the agent key could not be checked", exc_info=True)

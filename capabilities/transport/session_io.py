@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
@@ -27,7 +27,7 @@ from capabilities.calls import (
 )
 from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
-from capabilities.jobs import lifecycle, results
+from capabilities.jobs import lifecycle, outages, results
 from capabilities.models import CancelSource, Door, Job
 from capabilities.protocol import WireError
 from capabilities.session import machine
@@ -188,7 +188,7 @@ class SessionIO:
             claimed = await database_sync_to_async(session_records.claim_response)(
                 action.job_id, self.base_url, action.response
             )
-        except (OperationalError, InterfaceError):
+        except outages.DATABASE_AWAY:
             # PostgreSQL restarting. Unclaimed, the result is announced again by the
             # reaper's nudge (resumption.nudge_undelivered) and claimed then.
             logger.warning("Could not claim job %s's result yet", action.job_id)
