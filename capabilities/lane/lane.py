@@ -14,7 +14,7 @@ process is free and their agent is within its share, skip Celery:
 
 A cancel settles first, as always, then raises the job's abort flag: the lane hears
 it and kills the process running the job (the pool starts another). Until a run is
-settled, the lane's heartbeat thread (jobs/heartbeats.py) keeps its job's heartbeat fresh;
+settled, the lane's heartbeat thread (jobs/heartbeat_thread.py) keeps its job's heartbeat fresh;
 if Daphne itself dies, the heartbeat stops, and the reaper fails the job WORKER_LOST
 once it is WORKER_LOST_AFTER_SECONDS old. The lane lives once (lane/states.py): closed,
 it starts no process again.
@@ -31,7 +31,7 @@ from typing import Any
 
 from capabilities.conf import abp_settings
 from capabilities.jobs import abort_listener, lifecycle
-from capabilities.jobs.heartbeats import HeartbeatThread
+from capabilities.jobs.heartbeat_thread import HeartbeatThread
 from capabilities.lane import pool
 from capabilities.lane.pool import LanePool
 from capabilities.lane.states import STARTS_PROCESSES, LaneEvent, LaneLifecycle, LaneState

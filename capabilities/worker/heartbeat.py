@@ -1,6 +1,6 @@
 """Each worker process says, every few seconds, that the job it runs is still alive.
 
-A heartbeat thread (capabilities/jobs/heartbeats.py): it keeps beating while the
+A heartbeat thread (capabilities/jobs/heartbeat_thread.py): it keeps beating while the
 task's thread is deep in a render, so a worker killed by the kernel, an operator or
 a crash still gets its agent an answer.
 
@@ -11,7 +11,7 @@ back (a job that reported early, then went quiet), so the admin catches up.
 from __future__ import annotations
 
 from capabilities.jobs import lifecycle
-from capabilities.jobs.heartbeats import HeartbeatThread
+from capabilities.jobs.heartbeat_thread import HeartbeatThread
 from capabilities.worker import executor
 from capabilities.worker.interrupter import INTERRUPTER
 

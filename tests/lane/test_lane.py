@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from capabilities.calls import cancellation
 from capabilities.conf import abp_settings
-from capabilities.jobs.heartbeats import HeartbeatThread
+from capabilities.jobs.heartbeat_thread import HeartbeatThread
 from capabilities.lane import child, pool
 from capabilities.lane import lane as local_lane
 from capabilities.lane.states import LaneEvent, LaneState
