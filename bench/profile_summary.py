@@ -26,7 +26,7 @@ PARTS = (
     ("lane: result handler thread", "ResultHandler"),
     ("lane: task handler thread", "TaskHandler"),
     ("lane: other pool threads", "billiard/pool.py"),
-    ("lane: run bookkeeping", "local_lane.py"),
+    ("lane: run bookkeeping", "lane_runs.py"),
     ("rate limiter", "rate_limits.py"),
     ("Celery publish", "send_task"),
     ("channel layer", "channels_redis"),

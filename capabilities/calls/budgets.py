@@ -99,7 +99,7 @@ def create_job(
     `ticket`: sealed just before the row is written; a cancel that came first has
     the row written settled as cancelled (and delivered: its agent has the answer).
     `run_by`: the local lane that would run it at once, if the principal's share
-    has room (calls/local_lane.py). `tally`: the counts of the batch this job is
+    has room (lane/lane.py). `tally`: the counts of the batch this job is
     written in (calls/job_writes.py); without one, they are read for this job alone.
     """
     tally = tally or SlotTally()

@@ -1,9 +1,8 @@
 """Daphne warm before its first call: the local lane and every connection, made at start.
 
-A cold Daphne spent its first call starting the lane's pool, opening the ORM
-thread's database connection and its Redis and broker connections, and loading
-the rate limiter's scripts: 100-900 ms for a call that takes 3 ms warm
-(docs/benchmarks.md, "First call after start"). So:
+Otherwise the first call pays for starting the lane's pool, opening the ORM
+thread's database connection and the Redis and broker connections, and loading
+the rate limiter's scripts (docs/benchmarks.md, "First call after start"). So:
 - `begin()`, when the ASGI application is built (before the event loop runs),
   starts the lane's pool in a thread of its own;
 - `ensure_started()`, at the first ASGI event of any kind (a probe's `/readyz`

@@ -7,7 +7,7 @@ subscribed (starting, or reconnecting after Redis went away) was not heard, so a
 every subscribe it looks at the flags of the jobs running here.
 
 `AbortListener` decides; `ListenerThread` (a worker child: worker/interrupter.py)
-and `listen` (Daphne's local lane: calls/local_lane.py) do the I/O around it.
+and `listen` (Daphne's local lane: lane/lane.py) do the I/O around it.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def create_job(
     `counts`: what the queue and the principal hold, if the caller already read it.
     `settled`: the call was cancelled before this: the row is written with that
     outcome, delivered (its connection answered already), and never sent.
-    `run_by`: the caller runs it at once (calls/local_lane.py): the row is written
+    `run_by`: the caller runs it at once (calls/lane_runs.py): the row is written
     running, by that worker, on the local queue, and never sent.
     `trace_parent`: the call's span, while traces are on (capabilities/tracing.py).
     """

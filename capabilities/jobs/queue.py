@@ -22,7 +22,7 @@ from capabilities.models import Job
 from capabilities.work import registry
 
 RUN_JOB = "abp.run_job"
-# Not a Celery queue: the jobs a Daphne runs itself (capabilities/calls/local_lane.py).
+# Not a Celery queue: the jobs a Daphne runs itself (capabilities/lane/).
 LOCAL_QUEUE = "local"
 
 

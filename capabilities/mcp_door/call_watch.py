@@ -78,7 +78,7 @@ class CallWatch:
     async def deliver_here(
         self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]
     ) -> bool:
-        """Settle the watched call's local run and answer it here (`local_lane.Deliver`)."""
+        """Settle the watched call's local run and answer it here (`lane_runs.Deliver`)."""
         if not self.watching or self._answered.done():
             return False
         won = await job_writes.settle(

@@ -1,7 +1,7 @@
 """Run a capability's runner, and turn what it raised into a coded error.
 
 The one place a runner is called, for the worker (capabilities/worker/executor.py)
-and the local lane's processes (local_run.py) alike. What comes back is a `Ran`:
+and the local lane's processes (lane/child.py) alike. What comes back is a `Ran`:
 the runner's data, or the error its agent is told, with the traceback of anything
 unexpected for the log and the admin (never for the wire). The caller makes it an
 outcome (`lifecycle.Outcome.of_run`).
