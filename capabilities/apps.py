@@ -38,7 +38,7 @@ class CapabilitiesConfig(AppConfig):
         checks.register(development_password_in_use, checks.Tags.security)
         checks.register(local_lane_time_limit)
         checks.register(built_ins_switched_off)
-        from capabilities.calls import user_deactivation
+        from capabilities.endings import user_deactivation
 
         # A user deactivated or deleted: their sessions close on every door.
         user_deactivation.connect_signals()

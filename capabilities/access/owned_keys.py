@@ -5,7 +5,7 @@ A key's scopes narrow what its owner may call and never widen it: a key may be s
 only to capabilities its owner may call now (every call is checked again when it
 starts, so a right the owner loses later is lost to the key too). How many keys a
 user holds (`ABP["MAX_KEYS_PER_USER"]`, counting those not revoked) is checked before
-anything is stored. Revoking is the admin's code, `calls.key_revocation.revoke`.
+anything is stored. Revoking is the admin's code, `endings.key_revocation.revoke`.
 """
 
 from __future__ import annotations

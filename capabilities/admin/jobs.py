@@ -23,7 +23,7 @@ from django.utils.safestring import SafeString
 
 from capabilities.admin import display, workers
 from capabilities.admin.summary import changelist_summary
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.jobs.results import FILE_REF_KEY
 from capabilities.models import ACTIVE_STATUSES, AgentSession, CancelSource, Job, JobStatus
 from capabilities.work import registry

@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from capabilities.access import agent_keys
-from capabilities.calls import key_revocation
+from capabilities.endings import key_revocation
 from capabilities.models import AgentKey
 
 

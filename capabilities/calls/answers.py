@@ -5,7 +5,7 @@ The WebSocket doors take the same decisions through their session
 session of its own takes them from here: start a call so that the caller's cancel
 never leaves a job running for nobody, end it at its deadline, cancel it for its
 caller. Every outcome goes through the one settle (`jobs/lifecycle.py`) and the one
-cancel pipeline (`calls/cancellation.py`); a duration is `jobs/results.duration_ms`.
+cancel pipeline (`endings/cancellation.py`); a duration is `jobs/results.duration_ms`.
 docs/design.md ("The path of one call") says why a start needs a ticket.
 """
 
@@ -20,8 +20,9 @@ from typing import Any
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import background, cancellation, start
+from capabilities.calls import start
 from capabilities.calls.start_ticket import StartTicket
+from capabilities.endings import background, cancellation
 from capabilities.jobs import results
 from capabilities.models import CancelSource, Job
 from capabilities.protocol import responses

@@ -29,8 +29,9 @@ from django.utils import timezone
 
 from capabilities.access import permissions
 from capabilities.access.principal import Principal
-from capabilities.calls import availability, budgets, cancellation
+from capabilities.calls import availability, budgets
 from capabilities.conf import abp_settings
+from capabilities.endings import cancellation
 from capabilities.jobs import uploads
 from capabilities.models import AgentSession, CancelSource, Door, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError, responses

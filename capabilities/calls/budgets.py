@@ -22,9 +22,10 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import resumption, session_records
+from capabilities.calls import session_records
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.conf import abp_settings
+from capabilities.endings import resumption
 from capabilities.jobs import lifecycle, queue
 from capabilities.jobs.slot_counts import SlotTally
 from capabilities.models import AgentSession, CancelSource, Door, Job

@@ -13,7 +13,7 @@ import logging
 
 from channels.db import database_sync_to_async
 
-from capabilities.calls import resumption
+from capabilities.endings import resumption
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import resumption
+from capabilities.endings import resumption
 from capabilities.jobs import lifecycle, results
 from capabilities.models import ACTIVE_STATUSES, AgentSession, Door, Job
 from capabilities.protocol import Initialize

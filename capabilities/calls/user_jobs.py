@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
 
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.models import (
     ACTIVE_STATUSES,
     SETTLED_STATUSES,

@@ -9,7 +9,7 @@ settles it and claims its delivery, and the response goes straight to the waitin
 call, with no trip through the channel layer and no second claim.
 
 A stateful MCP session listens in its group too, for the note that its access was
-withdrawn (a key revoked, a user deactivated: calls/access_withdrawal.py). Its calls
+withdrawn (a key revoked, a user deactivated: endings/access_withdrawal.py). Its calls
 were settled as cancelled before the note was sent: each waiting call is given a
 moment to answer so, then the session closes as if its client had gone away, and
 the next request naming it is told it is not found.

@@ -35,15 +35,8 @@ from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, Server
 from mcp.shared.exceptions import MCPError
 
 from capabilities.access.principal import Principal
-from capabilities.calls import (
-    background,
-    budgets,
-    cancellation,
-    held_sessions,
-    resumption,
-    session_records,
-    start,
-)
+from capabilities.calls import budgets, held_sessions, session_records, start
+from capabilities.endings import background, cancellation, resumption
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.mcp_door import call_watch, sdk_seams
 from capabilities.models import AgentSession, CancelSource, Door

@@ -32,8 +32,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods
 
 from capabilities.access.principal import Principal
-from capabilities.calls import answers, cancellation
+from capabilities.calls import answers
 from capabilities.conf import abp_settings
+from capabilities.endings import cancellation
 from capabilities.jobs import lifecycle, results
 from capabilities.mcp_door import call_watch, sessions, tool_calls, tools
 from capabilities.models import CancelSource, Job, JobStatus

@@ -4,7 +4,7 @@ A token is checked at connect (and by /mcp at every request), so a WebSocket ope
 with a token would otherwise outlive its revocation. When a user revokes an app
 (`/o/authorized_tokens/`) or a client revokes its token (`/o/revoke_token`, RFC 7009),
 and that app holds no other valid token of the user's, its sessions for the user are
-withdrawn as a revoked key's are (calls/access_withdrawal.py). Refreshing a token is
+withdrawn as a revoked key's are (endings/access_withdrawal.py). Refreshing a token is
 not a revocation: the new token carries the sessions on.
 """
 
@@ -16,7 +16,7 @@ import logging
 from django.utils import timezone
 from oauth2_provider.models import get_access_token_model, get_refresh_token_model
 
-from capabilities.calls import access_withdrawal
+from capabilities.endings import access_withdrawal
 from capabilities.models import AgentSession
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ REFUSAL_MESSAGES = {
     "insufficient-scope": "The access token lacks a scope this needs.",
     "token-in-query": "Send the access token in the Authorization header, not the URL.",
 }
-# Access withdrawn from open connections (calls/access_withdrawal.py): the close
+# Access withdrawn from open connections (endings/access_withdrawal.py): the close
 # reason, and what their calls and sessions are ended with (the cancel reason).
 WITHDRAWN_BECAUSE = {
     "key-revoked": "agent key revoked",

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from capabilities.calls.background import Background
+from capabilities.endings.background import Background
 
 
 class Timers:

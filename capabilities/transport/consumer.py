@@ -23,20 +23,14 @@ from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from capabilities.access import agent_keys, credentials, visibility
-from capabilities.calls import (
-    cancellation,
-    draining,
-    held_sessions,
-    manifest,
-    resumption,
-    start,
-)
+from capabilities.calls import draining, held_sessions, manifest, start
 from capabilities.calls.app_info import app_info
 from capabilities.calls.availability import AVAILABILITY_GROUP
-from capabilities.calls.background import Background
 from capabilities.calls.start_order import StartOrder, StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.conf import abp_settings
+from capabilities.endings import cancellation, resumption
+from capabilities.endings.background import Background
 from capabilities.jobs import lifecycle, outages
 from capabilities.lane import lane
 from capabilities.models import Door, Job, session_group

@@ -15,18 +15,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import (
-    answers,
-    budgets,
-    cancellation,
-    job_writes,
-    lane_runs,
-    resumption,
-    session_records,
-    start,
-)
+from capabilities.calls import answers, budgets, job_writes, lane_runs, session_records, start
 from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
+from capabilities.endings import cancellation, resumption
 from capabilities.jobs import lifecycle, outages, results
 from capabilities.models import CancelSource, Door, Job
 from capabilities.protocol import WireError

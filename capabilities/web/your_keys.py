@@ -20,8 +20,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from capabilities.access import owned_keys
 from capabilities.access.agent_keys import KEY_START
-from capabilities.calls import key_revocation
 from capabilities.conf import abp_settings
+from capabilities.endings import key_revocation
 from capabilities.models import AgentKey
 from capabilities.web.key_forms import NewKeyForm
 

@@ -195,7 +195,7 @@ def execute(job_id: str, *, worker_name: str) -> None:
 
 def _execute(job_id: str, worker_name: str, interrupter: Interrupter) -> None:
     # No look at the abort flag first: every flag goes up after a cancel won its
-    # settle (calls/cancellation.py), and a settled job is no longer queued, so the
+    # settle (endings/cancellation.py), and a settled job is no longer queued, so the
     # conditional start refuses it. A revoke lost while no worker ran changes nothing.
     traced = tracing.enabled()
     fields = (*WORKER_FIELDS, "trace_parent") if traced else WORKER_FIELDS

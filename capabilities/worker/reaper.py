@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from capabilities.calls import cancellation, key_revocation, resumption, user_deactivation
 from capabilities.conf import abp_settings
+from capabilities.endings import cancellation, key_revocation, resumption, user_deactivation
 from capabilities.jobs import dispatch, lifecycle, queue
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job, JobStatus
 

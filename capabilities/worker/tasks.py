@@ -26,7 +26,7 @@ from celery.signals import (
 from django.db import close_old_connections, connections
 
 from capabilities import tracing
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.jobs import lifecycle, queue, retention
 from capabilities.work import registry
 from capabilities.worker import executor, heartbeat, interrupter, memory_limit, presence, reaper

@@ -10,8 +10,8 @@ from django.test import override_settings
 
 from capabilities.access import agent_keys, page_tokens
 from capabilities.access import credentials as ws_auth
-from capabilities.calls import key_revocation
 from capabilities.conf import abp_settings
+from capabilities.endings import key_revocation
 from capabilities.models import AgentKey
 from capabilities.protocol import closes
 

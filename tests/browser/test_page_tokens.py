@@ -18,7 +18,7 @@ from django.core import signing
 from playwright.sync_api import Page, Request
 
 from capabilities.access import agent_keys, page_tokens
-from capabilities.calls import key_revocation
+from capabilities.endings import key_revocation
 from capabilities.models import AgentKey, Job, JobStatus
 from tests.browser.conftest import ParentSite
 from tests.browser.support import orm, orm_eventually, until

@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.utils import timezone
 from playwright.sync_api import Page, WebSocket
 
-from capabilities.calls import resumption
+from capabilities.endings import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.browser.conftest import START_SLEEPER
 from tests.browser.support import orm, orm_eventually

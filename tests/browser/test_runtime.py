@@ -11,7 +11,7 @@ from urllib.parse import urljoin
 
 from playwright.sync_api import Page
 
-from capabilities.calls import resumption
+from capabilities.endings import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol.replies import NOT_FOUND
 from capabilities.work import registry

@@ -25,7 +25,8 @@ from django.utils import timezone
 from capabilities import EnqueueRefused, JobNotFound
 from capabilities.access import agent_keys
 from capabilities.access.principal import Principal
-from capabilities.calls import app_calls, availability, budgets, resumption
+from capabilities.calls import app_calls, availability, budgets
+from capabilities.endings import resumption
 from capabilities.jobs import lifecycle, notes
 from capabilities.models import AgentSession, Door, Job, JobStatus
 from capabilities.protocol import ErrorCode, WireError

@@ -10,7 +10,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from capabilities.calls import cancellation, user_jobs
+from capabilities.calls import user_jobs
+from capabilities.endings import cancellation
 from capabilities.jobs import lifecycle
 from capabilities.models import CancelSource, Door, Job, JobStatus
 from tests.support.user_jobs import Stops, job_for, new_user, record_stops

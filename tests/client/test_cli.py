@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 from PIL import Image
 
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.models import CancelSource, Job, JobStatus
 from tests.support.stack import Stack
 from tests.support.tcp_relay import TcpRelay

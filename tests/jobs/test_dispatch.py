@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.jobs import dispatch, lifecycle, workers
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 

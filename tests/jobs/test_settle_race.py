@@ -29,7 +29,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.jobs import abort_flags, dispatch, lifecycle, notes, queue
 from capabilities.models import SETTLED_STATUSES, AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import ErrorCode

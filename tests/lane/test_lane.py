@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from capabilities.calls import cancellation
 from capabilities.conf import abp_settings
+from capabilities.endings import cancellation
 from capabilities.jobs.heartbeat_thread import HeartbeatThread
 from capabilities.lane import child, pool
 from capabilities.lane import lane as local_lane

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from oauth2_provider.models import AccessToken
 
-from capabilities.calls import access_withdrawal
+from capabilities.endings import access_withdrawal
 from capabilities.oauth import revocation
 from tests.access.test_oauth_tokens import issued, person
 

@@ -10,11 +10,11 @@ import time
 import pytest
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import Close
+from websockets.frames import Close, Frame
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
-from capabilities.calls import resumption
+from capabilities.endings import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_stopped
@@ -164,12 +164,14 @@ def test_a_slow_client_reads_its_refusal_and_closes_cleanly(stack: Stack) -> Non
         time.sleep(2.0)  # busy, past autobahn's default wait for the close's answer
         received = sock.recv(65536)  # a reset here: the server gave up on us
         client.receive_data(received)
-        response, *frames = client.events_received()
+        response, notice_frame, close_frame = client.events_received()
         assert isinstance(response, Response)
         assert response.status_code == 101
-        notice = json.loads(frames[0].data)
+        assert isinstance(notice_frame, Frame)
+        assert isinstance(close_frame, Frame)
+        notice = json.loads(bytes(notice_frame.data))
         assert notice["payload"]["data"]["details"]["reason"] == "invalid-credentials"
-        assert Close.parse(frames[1].data).code == 4401
+        assert Close.parse(bytes(close_frame.data)).code == 4401
         sock.sendall(b"".join(client.data_to_send()))  # our answer to the close
         with contextlib.suppress(ConnectionResetError):  # then the server drops TCP
             assert sock.recv(65536) == b""

@@ -27,7 +27,7 @@ from django.urls import reverse
 from websockets.exceptions import ConnectionClosed
 
 from capabilities.access import agent_keys, page_tokens
-from capabilities.calls import user_deactivation
+from capabilities.endings import user_deactivation
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.protocol import replies
 from tests.support.agent import Agent

@@ -21,7 +21,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from capabilities.access import agent_keys
-from capabilities.calls import cancellation, key_revocation
+from capabilities.endings import cancellation, key_revocation
 from capabilities.models import AgentKey, AgentSession, CancelSource, Job, JobStatus
 from capabilities.work import registry
 from tests.support.rpc_agent import Message, RpcAgent, is_response, rpc_url, same_id

@@ -22,7 +22,7 @@ from django.urls import reverse
 from mcp.shared.exceptions import MCPError
 
 from capabilities.access import agent_keys
-from capabilities.calls import cancellation, key_revocation
+from capabilities.endings import cancellation, key_revocation
 from capabilities.lane import lane as local_lane
 from capabilities.models import AgentKey, AgentSession, CancelSource, Door, Job, JobStatus
 from capabilities.work import registry

@@ -290,7 +290,7 @@ def test_revoking_an_apps_token_closes_the_sessions_it_opened_and_no_others(
 ) -> None:
     from oauth2_provider.models import AccessToken
 
-    from capabilities.calls import user_deactivation
+    from capabilities.endings import user_deactivation
 
     user = person()
     site = f"{stack.http_url}/"

@@ -18,7 +18,7 @@ from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 
 from capabilities.access import agent_keys
-from capabilities.calls import resumption
+from capabilities.endings import resumption
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent, Envelope
 from tests.support.jobs import wait_running

@@ -18,8 +18,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from capabilities.access import agent_keys, page_tokens
-from capabilities.calls import key_revocation
 from capabilities.conf import abp_settings
+from capabilities.endings import key_revocation
 from capabilities.models import AgentKey, AgentSession, CancelSource, Job, JobStatus
 from tests.support.agent import Agent
 from tests.support.jobs import wait_running, wait_stopped
@@ -147,7 +147,7 @@ def test_a_revocation_left_half_done_is_finished_by_the_reaper(stack: Stack) -> 
         # Redis restarting as the key is revoked: neither the cancel's abort nor the
         # connections hear of it, and the call stays running.
         with (
-            mock.patch("capabilities.calls.cancellation.cancel"),
+            mock.patch("capabilities.endings.cancellation.cancel"),
             mock.patch("capabilities.jobs.notes.notify_group", return_value=False),
         ):
             revoked = key_revocation.revoke(

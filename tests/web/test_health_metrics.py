@@ -39,7 +39,8 @@ from prometheus_client.samples import Sample
 from pythonjsonlogger.json import JsonFormatter
 
 from abpsite.log_formats import PlainFormatter
-from capabilities.calls import cancellation, draining
+from capabilities.calls import draining
+from capabilities.endings import cancellation
 from capabilities.jobs import dispatch, lifecycle
 from capabilities.jobs.workers import LiveWorker
 from capabilities.lane import lane as local_lane

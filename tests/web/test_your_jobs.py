@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from capabilities.access import agent_keys
-from capabilities.calls import key_revocation
+from capabilities.endings import key_revocation
 from capabilities.jobs import download_links
 from capabilities.models import AgentKey, CancelSource, Door, Job, JobStatus
 from tests.support.user_jobs import Stops, job_for, new_user, record_stops

@@ -19,7 +19,7 @@ import markdown
 import pytest
 from django.test import override_settings
 
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.jobs import abort_flags, dispatch, lifecycle, notes, queue
 from capabilities.models import AgentSession, CancelSource, Job, JobStatus
 from capabilities.work.context import JobAborted

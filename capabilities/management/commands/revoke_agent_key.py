@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from capabilities.calls.key_revocation import revoke
+from capabilities.endings.key_revocation import revoke
 from capabilities.models import AgentKey
 
 

@@ -18,7 +18,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from capabilities.access import agent_keys
-from capabilities.calls import user_deactivation
+from capabilities.endings import user_deactivation
 from capabilities.jobs import abort_flags, notes, queue
 from capabilities.models import (
     AgentSession,

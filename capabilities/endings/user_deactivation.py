@@ -31,8 +31,8 @@ from django.db.models.signals import post_save, pre_delete, pre_save
 from django.utils import timezone
 
 from capabilities.access import agent_keys
-from capabilities.calls import access_withdrawal, resumption
 from capabilities.conf import abp_settings
+from capabilities.endings import access_withdrawal, resumption
 from capabilities.models import ACTIVE_STATUSES, AgentKey, AgentSession, Job
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from capabilities.access.principal import Principal
-from capabilities.calls import cancellation
 from capabilities.conf import abp_settings
+from capabilities.endings import cancellation
 from capabilities.jobs import notes
 from capabilities.models import (
     SETTLED_STATUSES,

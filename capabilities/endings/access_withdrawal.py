@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from capabilities.calls import cancellation
+from capabilities.endings import cancellation
 from capabilities.jobs import notes
 from capabilities.models import (
     ACTIVE_STATUSES,

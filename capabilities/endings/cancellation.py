@@ -21,7 +21,7 @@ from datetime import datetime
 from channels.db import database_sync_to_async
 
 from capabilities import tracing
-from capabilities.calls.background import Background
+from capabilities.endings.background import Background
 from capabilities.jobs import abort_flags, dispatch, notes, queue
 from capabilities.jobs.lifecycle import Outcome, record_stopped, settle
 from capabilities.models import ACTIVE_STATUSES, CancelSource, Job

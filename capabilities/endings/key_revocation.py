@@ -12,7 +12,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from capabilities.access import agent_keys
-from capabilities.calls import access_withdrawal, resumption
+from capabilities.endings import access_withdrawal, resumption
 from capabilities.models import ACTIVE_STATUSES, AgentKey, AgentSession
 
 logger = logging.getLogger(__name__)

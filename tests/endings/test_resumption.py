@@ -9,7 +9,7 @@ from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 
-from capabilities.calls import resumption
+from capabilities.endings import resumption
 from capabilities.models import AgentSession
 
 # The reaper reads which Daphnes are alive from Redis.
