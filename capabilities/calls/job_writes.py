@@ -22,7 +22,8 @@ from django.db import transaction
 from capabilities.access import permissions
 from capabilities.access.principal import Principal
 from capabilities.calls import availability, budgets
-from capabilities.jobs import finished, lifecycle
+from capabilities.calls.start_ticket import StartTicket
+from capabilities.jobs import finished, lifecycle, outages
 from capabilities.jobs.hop_batches import HopBatch, run_each
 from capabilities.jobs.slot_counts import SlotTally
 from capabilities.models import Job
@@ -84,6 +85,16 @@ def _create_all(items: Sequence[NewJob]) -> list[Job | Exception]:
 
 
 def _check(new: NewJob) -> None:
+    try:
+        _check_doors(new)
+    except outages.DATABASE_AWAY:
+        raise
+    except Exception:
+        if not _cancel_won(new.job.get("ticket")):
+            raise
+
+
+def _check_doors(new: NewJob) -> None:
     # The user's permissions and the capability's authorize check: reads, only for a
     # capability that declares either.
     spec = registry.get(new.job["capability"])
@@ -98,19 +109,36 @@ def _check(new: NewJob) -> None:
         new.check()
 
 
+def _cancel_won(ticket: StartTicket | None) -> bool:
+    """A start being refused before its row: decided now (the ticket sealed), unless its
+    cancel won meanwhile. That cancel was answered, so its row is written settled."""
+    return ticket is not None and ticket.seal() is not None
+
+
 def _creator(tally: SlotTally | None) -> Callable[[NewJob], Job]:
     def create_one(new: NewJob) -> Job:
-        ticket = new.job.get("ticket")
-        # A cancel that won the start was answered already: its row is written settled
-        # (nothing will run), whether or not a worker could run it now.
-        if ticket is None or not ticket.cancelled:
-            error = availability.unavailable(new.job["capability"])
-            if error is not None:
-                raise Unavailable(error)
-        # Looked up at each call: tests hold it (tests/transport/test_consumer_inprocess.py).
-        return budgets.create_job(new.principal, tally=tally or SlotTally(), **new.job)
+        ticket: StartTicket | None = new.job.get("ticket")
+        try:
+            # A cancel that won the start was answered already: its row is written
+            # settled (nothing will run), whether or not a worker could run it now.
+            if ticket is None or not ticket.cancelled:
+                error = availability.unavailable(new.job["capability"])
+                if error is not None:
+                    raise Unavailable(error)
+            return _write(new, tally)
+        except outages.DATABASE_AWAY:
+            raise  # written again (start_retries.py): a cancel may still win meanwhile
+        except Exception:  # refused, or Redis unreadable
+            if not _cancel_won(ticket):
+                raise
+            return _write(new, tally)
 
     return create_one
+
+
+def _write(new: NewJob, tally: SlotTally | None) -> Job:
+    # Looked up at each call: tests hold it (tests/transport/test_consumer_inprocess.py).
+    return budgets.create_job(new.principal, tally=tally or SlotTally(), **new.job)
 
 
 def _settle_all(items: Sequence[LocalSettle]) -> list[bool | Exception]:

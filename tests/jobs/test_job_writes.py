@@ -15,6 +15,7 @@ from typing import Any
 
 import kombu.exceptions
 import pytest
+import redis
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -279,3 +280,53 @@ def test_a_call_whose_cancel_won_takes_no_place_in_a_full_budget(session_id: str
     )
     assert isinstance(written, Job)
     assert written.status == JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379"),
+        WireError(code=ErrorCode.CAPABILITY_UNAVAILABLE, message="no worker", retryable=True),
+    ],
+    ids=["redis-unreadable", "no-worker"],
+)
+def test_a_cancel_that_wins_while_the_start_is_refused_still_gets_its_row(
+    session_id: str, monkeypatch: pytest.MonkeyPatch, outcome: Exception | WireError
+) -> None:
+    # The soak's: the call's availability read met Redis down, its cancel won during
+    # that read and was answered `cancelled`, and the failed start left no row.
+    ticket = StartTicket()
+
+    def read_while_the_cancel_wins(capability: str) -> WireError | None:
+        assert ticket.cancel("the agent's cancel")
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(availability, "unavailable", read_while_the_cancel_wins)
+    new = new_job(principal(), session_id, "cancelled-meanwhile", run_by=None)
+    [written] = job_writes._create_all(
+        [dataclasses.replace(new, job={**new.job, "ticket": ticket})]
+    )
+    assert isinstance(written, Job)
+    row = Job.objects.get(session_id=uuid.UUID(session_id), call_id="cancelled-meanwhile")
+    assert row.status == JobStatus.CANCELLED
+    assert row.delivered_at is not None
+
+
+def test_a_refused_start_is_decided_and_a_later_cancel_finds_no_call(
+    session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(capability: str) -> None:
+        raise redis.ConnectionError("Error 111")
+
+    monkeypatch.setattr(availability, "unavailable", unreadable)
+    ticket = StartTicket()
+    new = new_job(principal(), session_id, "refused", run_by=None)
+    [refused] = job_writes._create_all(
+        [dataclasses.replace(new, job={**new.job, "ticket": ticket})]
+    )
+    assert isinstance(refused, redis.ConnectionError)
+    # The refusal is what the agent hears: a cancel after it no longer overtakes.
+    assert not ticket.cancel("too late")
+    assert not Job.objects.filter(call_id="refused").exists()
