@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 
 import psutil  # type: ignore[import-untyped]
 
 from capabilities.models import AgentSession, Job
 from tests.stack.test_resume import call_results, dropped
 from tests.support.agent import Agent
-from tests.support.stack import Stack, free_port, port_open
+from tests.support.stack import ManagedProcess, Stack, free_port, port_open
 from tests.support.waiting import eventually
 
 STILL_RUNNING = {"steps": 500, "stepMs": 20}  # 10 s: most still run when the Daphne stops
@@ -96,37 +97,43 @@ def lane_processes(daphne_pid: int) -> list[psutil.Process]:
     return found
 
 
-def test_a_stopping_daphne_leaves_no_lane_process_behind_busy_or_restarting(
-    stack: Stack,
-) -> None:
+@contextlib.contextmanager
+def daphne_with_a_warm_lane(stack: Stack, name: str) -> Iterator[tuple[ManagedProcess, Agent]]:
+    """A Daphne of its own whose two lane processes are up, and an agent on it."""
     port = free_port()
-    leaving = stack.new_web(port, name="daphne-lane-stop", env=LANE)
+    leaving = stack.new_web(port, name=name, env=LANE)
     leaving.start(lambda: port_open(port))
     try:
         with Agent(f"ws://127.0.0.1:{port}/abp/ws") as agent:
             agent.initialize()
             agent.result_of(agent.call("convert.markdownToHtml", {"markdown": "# warm"}))
-            pid = leaving.pid
-            eventually(lambda: len(lane_processes(pid)) >= 2)
-            lanes = lane_processes(pid)
-            # One process busy with a run; the other killed, so the lane restarts it
-            # as the next call comes: the stop meets both.
-            agent.call("test.sleep", {"steps": 100, "stepMs": 10}, call_id="busy")
-            eventually(
-                lambda: (
-                    Job.objects.filter(session_id=agent.session_id, call_id="busy")
-                    .exclude(started_at=None)
-                    .exists()
-                )
-            )
-            idle = [process for process in lanes if process.is_running()][-1]
-            with contextlib.suppress(psutil.NoSuchProcess):
-                idle.kill()
-            agent.call("convert.markdownToHtml", {"markdown": "# again"}, call_id="restart")
-            seen = {process.pid for process in lane_processes(pid)} | {p.pid for p in lanes}
-            leaving.stop()
+            eventually(lambda: len(lane_processes(leaving.pid)) >= 2)
+            yield leaving, agent
     finally:
         leaving.kill()
+
+
+def test_a_stopping_daphne_leaves_no_lane_process_behind_busy_or_restarting(
+    stack: Stack,
+) -> None:
+    with daphne_with_a_warm_lane(stack, "daphne-lane-stop") as (leaving, agent):
+        lanes = lane_processes(leaving.pid)
+        # One process busy with a run; the other killed, so the lane restarts it
+        # as the next call comes: the stop meets both.
+        agent.call("test.sleep", {"steps": 100, "stepMs": 10}, call_id="busy")
+        eventually(
+            lambda: (
+                Job.objects.filter(session_id=agent.session_id, call_id="busy")
+                .exclude(started_at=None)
+                .exists()
+            )
+        )
+        idle = [process for process in lanes if process.is_running()][-1]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            idle.kill()
+        agent.call("convert.markdownToHtml", {"markdown": "# again"}, call_id="restart")
+        seen = {process.pid for process in lane_processes(leaving.pid)} | {p.pid for p in lanes}
+        leaving.stop()
     assert "Local lane stopped" in leaving.log_text(), leaving.tail()
     # Every lane process there was, busy, idle or just started, has ended.
     eventually(lambda: not [p for p in seen if psutil.pid_exists(p) and not _zombie(p)])
@@ -142,32 +149,22 @@ def _zombie(pid: int) -> bool:
 def test_every_lane_process_has_ended_when_a_daphne_stopped_with_a_busy_lane_exits(
     stack: Stack,
 ) -> None:
-    port = free_port()
-    leaving = stack.new_web(port, name="daphne-lane-busy-stop", env=LANE)
-    leaving.start(lambda: port_open(port))
-    try:
-        with Agent(f"ws://127.0.0.1:{port}/abp/ws") as agent:
-            agent.initialize()
-            agent.result_of(agent.call("convert.markdownToHtml", {"markdown": "# warm"}))
-            pid = leaving.pid
-            eventually(lambda: len(lane_processes(pid)) >= 2)
-            # Both processes blocked in a long run each (the lane's time limit is longer).
-            blocked = {"mode": "block", "steps": 1, "stepMs": 4_000}
-            for n in range(2):
-                agent.call("test.sleep", blocked, call_id=f"busy-{n}")
-            eventually(
-                lambda: (
-                    Job.objects.filter(session_id=agent.session_id, status="running")
-                    .exclude(started_at=None)
-                    .count()
-                    == 2
-                )
+    with daphne_with_a_warm_lane(stack, "daphne-lane-busy-stop") as (leaving, agent):
+        # Both processes blocked in a long run each (the lane's time limit is longer).
+        blocked = {"mode": "block", "steps": 1, "stepMs": 4_000}
+        for n in range(2):
+            agent.call("test.sleep", blocked, call_id=f"busy-{n}")
+        eventually(
+            lambda: (
+                Job.objects.filter(session_id=agent.session_id, status="running")
+                .exclude(started_at=None)
+                .count()
+                == 2
             )
-            seen = {process.pid for process in lane_processes(pid)}
-            leaving.stop()
-            exit_code = leaving.proc.returncode if leaving.proc else None
-    finally:
-        leaving.kill()
+        )
+        seen = {process.pid for process in lane_processes(leaving.pid)}
+        leaving.stop()
+        exit_code = leaving.proc.returncode if leaving.proc else None
     assert "Local lane stopped" in leaving.log_text(), leaving.tail()
     assert exit_code is not None
     assert exit_code >= 0, leaving.tail()  # it exited, not killed after the timeout
