@@ -218,6 +218,8 @@ def test_a_task_is_its_keys_in_any_of_its_sessions_and_no_other_keys(stack: Stac
         plain = await in_thread(
             lambda: Job.objects.exclude(pk=task_id).get(session_id=uuid.UUID(hex=mine.session_id))
         )
+        # Its first progress report written: the two listings read the same row.
+        await eventually_async(Job.objects.filter(pk=task_id, stage="sleeping").first)
         found["mine"] = await rpc(mine, "tasks/list", {})
         found["same key"] = await rpc(same_key, "tasks/list", {})
         found["other"] = await rpc(other, "tasks/list", {})
