@@ -4,20 +4,20 @@ Every place where the database, Redis or the channel layer can fail uses it:
 - `DATABASE_AWAY`, `REDIS_AWAY`: the errors of a service restarting, failing over
   or out of reach. Anything else is a bug, and is raised as one.
 - `pauses()`: the waits between tries, growing to `PAUSES[-1]`, which then repeats.
-- `retried` and `retried_async`: a step tried again while its service is away, until
-  its deadline; past it the error is raised, and the caller answers as its door
-  says (a retryable refusal: `NOT_QUEUED`, close code 1013, or HTTP 503), so no
-  call is lost and none is answered twice. Every step retried is idempotent: a
-  conditional update, or an insert that finds its row on the next try.
+- `retried`: a step tried again while its service is away, until its deadline (an
+  async step loops over `pauses()` itself); past it the error is raised, and the
+  caller answers as its door says (a retryable refusal: `NOT_QUEUED`, close code
+  1013, or HTTP 503), so no call is lost and none is answered twice. Every step
+  retried is idempotent: a conditional update, or an insert that finds its row on the
+  next try.
 docs/design.md, "Failures: timeouts, dead workers, Redis restarts", lists each place.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import redis
@@ -57,27 +57,6 @@ def retried(
             if isinstance(error, DATABASE_AWAY):
                 db.close_old_connections()  # the broken one, so the next try opens another
             time.sleep(pause)
-    raise AssertionError("pauses() never ends")
-
-
-async def retried_async(
-    step: Callable[[], Awaitable[T]],
-    what: str,
-    *,
-    away: tuple[type[Exception], ...],
-    for_seconds: float,
-) -> T:
-    """`await step()`, tried again while its service is `away`, for up to `for_seconds`."""
-    loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + for_seconds
-    for pause in pauses():
-        try:
-            return await step()
-        except away as error:
-            if loop.time() + pause > give_up_at:
-                raise
-            _log_retry(what, error, pause)
-            await asyncio.sleep(pause)
     raise AssertionError("pauses() never ends")
 
 

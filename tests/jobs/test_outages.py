@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from unittest import mock
 
@@ -25,35 +24,29 @@ def test_an_outage_is_a_service_away_and_a_bug_is_not() -> None:
     assert not isinstance(ValueError(), outages.REDIS_AWAY)
 
 
-def test_an_async_step_is_tried_again_while_redis_is_away() -> None:
+def test_a_step_is_tried_again_while_redis_is_away() -> None:
     tries: list[int] = []
 
-    async def step() -> str:
+    def step() -> str:
         tries.append(1)
         if len(tries) < 3:
             raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379")
         return "sent"
 
-    async def main() -> str:
-        with mock.patch.object(outages, "PAUSES", (0.001,)):
-            return await outages.retried_async(
-                step, "the notice", away=outages.REDIS_AWAY, for_seconds=5
-            )
-
-    assert asyncio.run(main()) == "sent"
+    with mock.patch.object(outages, "PAUSES", (0.001,)):
+        assert outages.retried(step, "the notice", away=outages.REDIS_AWAY, for_seconds=5) == "sent"
     assert len(tries) == 3
 
 
 def test_past_its_deadline_the_outage_is_raised_to_the_caller() -> None:
-    async def step() -> None:
+    def step() -> None:
         raise redis.ConnectionError("Error 111")
 
-    async def main() -> None:
-        with mock.patch.object(outages, "PAUSES", (0.02,)):
-            await outages.retried_async(step, "x", away=outages.REDIS_AWAY, for_seconds=0.05)
-
-    with pytest.raises(redis.ConnectionError):
-        asyncio.run(main())
+    with (
+        mock.patch.object(outages, "PAUSES", (0.02,)),
+        pytest.raises(redis.ConnectionError),
+    ):
+        outages.retried(step, "x", away=outages.REDIS_AWAY, for_seconds=0.05)
 
 
 def test_a_bug_is_never_tried_again() -> None:
