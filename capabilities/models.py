@@ -230,6 +230,9 @@ class Job(models.Model):
     # free worker slot within its principal's share (capabilities/jobs/dispatch.py).
     dispatched_at = models.DateTimeField(null=True, blank=True)
     progress_token = models.JSONField(null=True, blank=True)
+    # A digest of the capability and its params: the same callId with the same call
+    # adopts this job instead of refusing it as a reused id (an idempotency key).
+    params_hash = models.CharField(max_length=64, blank=True, default="")
     # The agent asked for notifications: the worker announces the start.
     notify_started = models.BooleanField(default=False)
 
@@ -253,6 +256,9 @@ class Job(models.Model):
     settled_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # The session generation whose connection claimed the sending (a fencing token):
+    # a newer generation may take the claim over, and only its holder gives it back.
+    delivered_generation = models.PositiveIntegerField(null=True, blank=True)
     hard_killed = models.BooleanField(default=False)
     # Written every few seconds while a worker runs the job; a stale one means the
     # worker is gone (the reaper then fails the job with WORKER_LOST).
