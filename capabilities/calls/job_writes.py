@@ -64,6 +64,8 @@ class LocalSettle:
     outcome: lifecycle.Outcome
     response: dict[str, Any]
     answered_here: bool
+    generation: int = 0
+    """The session generation of the connection that answers here (its claim's fence)."""
 
 
 def create(new: NewJob) -> asyncio.Future[Job]:
@@ -144,7 +146,11 @@ def _write(new: NewJob, tally: SlotTally | None) -> Job:
 def _settle_all(items: Sequence[LocalSettle]) -> list[bool | Exception]:
     def settle_one(done: LocalSettle) -> bool:
         return finished.settle_and_tell(
-            done.job, done.outcome, done.response, answered_here=done.answered_here
+            done.job,
+            done.outcome,
+            done.response,
+            answered_here=done.answered_here,
+            generation=done.generation,
         )
 
     return _in_one_transaction(items, settle_one, settle_one)

@@ -109,7 +109,7 @@ class NotClaimed(Enum):
     """Why a call-result was not claimed for sending."""
 
     STILL_ACTIVE = "the job has not settled"
-    DELIVERED_ELSEWHERE = "already claimed, by another connection or an earlier note"
+    DELIVERED_ELSEWHERE = "already claimed, by this generation or a newer one"
 
 
 def claim_response(
@@ -117,15 +117,17 @@ def claim_response(
     base_url: str,
     response: dict[str, Any] | None,
     *,
+    generation: int = 0,
     inline_max_bytes: int | None = None,
 ) -> dict[str, Any] | NotClaimed:
-    """Claim the delivery of a settled job's call-result, and the result to send.
+    """Claim the delivery of a settled job's call-result for a connection of session
+    `generation`, and the result to send.
 
     STILL_ACTIVE if the job has not settled; DELIVERED_ELSEWHERE if the result was
-    already claimed (by another connection of the session, or an earlier note).
+    already claimed (by this generation or a newer one, or an earlier note).
     `response`, when the worker's note carried it, saves reading the job.
     """
-    if not lifecycle.claim_delivery(job_id):
+    if not lifecycle.claim_delivery(job_id, generation):
         still_active = Job.objects.filter(pk=job_id, status__in=ACTIVE_STATUSES).exists()
         return NotClaimed.STILL_ACTIVE if still_active else NotClaimed.DELIVERED_ELSEWHERE
     if response is not None:

@@ -59,6 +59,9 @@ class CallRequest:
     timeout_ms: int | None
     progress_token: str | int | None
     notify_started: bool
+    generation: int = 0
+    """The session generation of the connection starting it: the claim's fence of a row
+    written already cancelled and delivered (its cancel won the ticket)."""
     ticket: StartTicket | None = None
     """A cancel's way in while the job is being written (the WebSocket doors)."""
     deliver: lane_runs.Deliver | None = None
@@ -127,6 +130,7 @@ async def _start(principal: Principal, call: CallRequest, trace_parent: str = ""
             "progress_token": call.progress_token,
             "notify_started": call.notify_started,
             "ticket": call.ticket,
+            "generation": call.generation,
             "run_by": lane.name if taken else None,
             **({"trace_parent": trace_parent} if trace_parent else {}),
         },

@@ -31,21 +31,30 @@ logger = logging.getLogger(__name__)
 
 
 def settle_cancelled(
-    job_ids: list[str], source: CancelSource, reason: str = "", *, delivered: bool = False
+    job_ids: list[str],
+    source: CancelSource,
+    reason: str = "",
+    *,
+    delivered: bool = False,
+    generation: int = 0,
 ) -> dict[str, bool]:
     """Step one: settle the jobs as cancelled; which settles won.
 
-    `delivered`: the caller sends the cancelled results at once (see `claim_delivery`).
+    `delivered`: the caller, a connection of session `generation`, sends the cancelled
+    results at once (see `claim_delivery`).
     """
     outcome = Outcome.cancelled(source, reason)
     if not tracing.enabled():
-        return {job_id: settle(job_id, outcome, delivered=delivered) for job_id in job_ids}
+        return {
+            job_id: settle(job_id, outcome, delivered=delivered, generation=generation)
+            for job_id in job_ids
+        }
     won: dict[str, bool] = {}
     for job_id, trace_parent in _trace_parents(job_ids).items():
         # Its own span in the call's trace, linked to the call's span: a cancel may
         # come long after the call, from anyone (an operator, the reaper).
         with tracing.span("abp.cancel", trace_parent, link=True, job_id=job_id, source=source):
-            won[job_id] = settle(job_id, outcome, delivered=delivered)
+            won[job_id] = settle(job_id, outcome, delivered=delivered, generation=generation)
     return won
 
 

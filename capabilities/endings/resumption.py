@@ -101,7 +101,8 @@ class Resumed:
     jobs: list[Job]
     """Its calls not yet delivered, oldest first: in flight, or settled while away."""
     again: list[Job]
-    """Calls the agent still awaits whose results were sent on a socket that died unread."""
+    """Calls the agent still awaits whose results were sent on a socket that died unread:
+    their claims are this generation's now, for the resume to send them again."""
 
 
 def invalid() -> ResumeRefused:
@@ -120,7 +121,10 @@ def resume(
     """Take the session over for a new connection, rotating its token to `replacement`.
 
     `awaiting`: the callIds the agent still waits on. Those the session holds and has
-    answered already are `again`; those it does not hold never reached it.
+    answered already are `again`, their claims taken over by the new generation in
+    the token's transaction: the old connection can no longer give them back, nor a
+    connection of the new generation claim them again. Those it does not hold never
+    reached it.
     """
     now = timezone.now()
     try:
@@ -152,12 +156,12 @@ def resume(
         )
         if not taken:
             raise invalid()
+        generation = row.generation + 1
+        # Before `pending` is read: a claim given back meanwhile makes its call pending.
+        again = _claim_again(row, awaiting, generation)
         pending = list(Job.objects.filter(session=row, delivered_at=None).order_by("created_at"))
     return Resumed(
-        generation=row.generation + 1,
-        was_held=row.detached_at is None,
-        jobs=pending,
-        again=_answered_among(row, awaiting),
+        generation=generation, was_held=row.detached_at is None, jobs=pending, again=again
     )
 
 
@@ -176,15 +180,15 @@ def _same_holder(row: AgentSession, principal: Principal) -> bool:
     )
 
 
-def _answered_among(session: AgentSession, call_ids: tuple[str, ...]) -> list[Job]:
-    """The session's answered calls among `call_ids` (at most codec.MAX_AWAITING), oldest first."""
+def _claim_again(session: AgentSession, call_ids: tuple[str, ...], generation: int) -> list[Job]:
+    """The session's answered calls among `call_ids` (at most codec.MAX_AWAITING), their
+    claims now `generation`'s, oldest first."""
     if not call_ids:
         return []
-    return list(
-        Job.objects.filter(
-            session=session, call_id__in=call_ids, delivered_at__isnull=False
-        ).order_by("created_at")
-    )
+    answered = Job.objects.filter(session=session, call_id__in=call_ids, delivered_at__isnull=False)
+    answered.update(delivered_generation=generation)
+    # The generation is new: only the update above wrote it, so these are its rows.
+    return list(answered.filter(delivered_generation=generation).order_by("created_at"))
 
 
 def detach(session_id: str, generation: int) -> None:

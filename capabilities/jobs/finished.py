@@ -22,15 +22,18 @@ def settle_and_tell(
     response: dict[str, Any] | None,
     *,
     answered_here: bool = False,
+    generation: int = 0,
 ) -> bool:
     """Settle finished work and tell the session; False if something settled it first.
 
     `response`: the call's ABPResponse for the note, or None for the connection to
     read it from the database (files, large results). `answered_here`: the caller is
-    the connection holding the call, which claims its delivery in the same write and
-    answers at once, so nobody else is told.
+    the connection holding the call, which claims its delivery in the same write (for
+    its session `generation`) and answers at once, so nobody else is told.
     """
-    if lifecycle.settle(job.id, outcome, work_stopped=True, delivered=answered_here):
+    if lifecycle.settle(
+        job.id, outcome, work_stopped=True, delivered=answered_here, generation=generation
+    ):
         if not answered_here:
             # At once, unless in a batch's transaction: then once the settle is visible.
             note = notes.job_settled(job.call_id, response)

@@ -89,6 +89,7 @@ def create_job(
     settled: Outcome | None = None,
     run_by: str | None = None,
     trace_parent: str = "",
+    generation: int = 0,
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
@@ -97,7 +98,8 @@ def create_job(
     `max_running`: the principal's share of the workers (MAX_CONCURRENT_CALLS if None).
     `counts`: what the queue and the principal hold, if the caller already read it.
     `settled`: the call was cancelled before this: the row is written with that
-    outcome, delivered (its connection answered already), and never sent.
+    outcome, delivered (its connection, of session generation `generation`, answered
+    already), and never sent.
     `run_by`: the caller runs it at once (calls/lane_runs.py): the row is written
     running, by that worker, on the local queue, and never sent.
     `trace_parent`: the call's span, while traces are on (capabilities/tracing.py).
@@ -138,6 +140,7 @@ def create_job(
         for field, value in outcome_values(settled, now).items():
             setattr(job, field, value)
         job.stopped_at = job.delivered_at = now
+        job.delivered_generation = generation
     if run_by is not None:
         for field, value in running_values(run_by, now).items():
             setattr(job, field, value)
@@ -184,12 +187,14 @@ def settle(
     *,
     work_stopped: bool = False,
     delivered: bool = False,
+    generation: int = 0,
 ) -> bool:
     """Write an outcome if the job is still active; True if this call decided it.
 
     `work_stopped`: the caller is the worker, done with the work, so the same write
     records when it stopped. `delivered`: the caller is the consumer that will send
-    the result at once, so the same write claims its delivery (see `claim_delivery`).
+    the result at once, so the same write claims its delivery for its session
+    `generation` (see `claim_delivery`).
     """
     now = timezone.now()
     values = outcome_values(outcome, now)
@@ -197,6 +202,7 @@ def settle(
         values["stopped_at"] = now
     if delivered:
         values["delivered_at"] = now
+        values["delivered_generation"] = generation
     updated = row_updates.update_if(
         job_id,
         ACTIVE_STATUSES,
@@ -308,29 +314,41 @@ def record_stopped(
     row_updates.update_if(job_id, (), fields, where_null="stopped_at")
 
 
-def claim_delivery(job_id: uuid.UUID | str) -> bool:
-    """Claim the sending of a settled job's result; True for exactly one claimant.
+def claim_delivery(job_id: uuid.UUID | str, generation: int = 0) -> bool:
+    """Claim the sending of a settled job's result for a connection of session
+    `generation` (a fencing token); True for exactly one claimant per generation.
 
-    Two consumers may hold the same call for a moment (a session resumed on another
-    Daphne while its old socket lingers); whoever claims first sends, so the agent
-    gets the result once. Claimed before sending: a crash in between would lose it,
-    so a consumer that finds its socket gone gives the claim back (`release_delivery`).
+    The claim is written where none is held, or where an older generation holds it:
+    a session resumed on another Daphne takes its results over from the old socket,
+    which may linger, and sends each once. Claimed before sending: a crash in between
+    would lose it, so a consumer that finds its socket gone gives its claim back
+    (`release_delivery`). Doors without generations (MCP) claim as 0: once.
     """
     return row_updates.update_if(
-        job_id, SETTLED_STATUSES, {"delivered_at": timezone.now()}, where_null="delivered_at"
+        job_id,
+        SETTLED_STATUSES,
+        {"delivered_at": timezone.now(), "delivered_generation": generation},
+        fence=generation,
     )
 
 
-def release_delivery(job_id: uuid.UUID | str) -> None:
-    """The result could not be sent: give it back, to whoever holds the session now.
+def release_delivery(job_id: uuid.UUID | str, generation: int = 0) -> bool:
+    """The result could not be sent: give back this generation's claim; True if it held one.
 
-    A connection that resumed the session meanwhile may have read its calls before
-    this; the note tells it to take this one too (a later resume finds it anyway).
+    Only its own claim: one a newer generation took over (a resume sent the result
+    again) stays. What was given back goes to whoever holds the session now: a
+    connection that resumed it meanwhile may have read its calls before this, and the
+    note tells it to take this one too (a later resume finds it anyway).
     """
-    Job.objects.filter(pk=job_id).update(delivered_at=None)
+    released = Job.objects.filter(pk=job_id, delivered_generation=generation).update(
+        delivered_at=None, delivered_generation=None
+    )
+    if not released:
+        return False
     job = Job.objects.filter(pk=job_id).only("session_id").first()
     if job is not None:
         notes.notify(str(job.session_id), notes.job_returned(str(job_id)))
+    return True
 
 
 def find_call(session_id: uuid.UUID | str, call_id: str) -> Job | None:
