@@ -130,6 +130,8 @@ def _creator(tally: SlotTally | None) -> Callable[[NewJob], Job]:
             return _write(new, tally)
         except outages.DATABASE_AWAY:
             raise  # written again (start_retries.py): a cancel may still win meanwhile
+        except lifecycle.CallIdInUse:
+            raise  # the session holds the callId: writing again would find it again
         except Exception:  # refused, or Redis unreadable
             if not _cancel_won(ticket):
                 raise

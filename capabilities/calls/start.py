@@ -4,6 +4,11 @@ What the principal may call and how much it may send, its calls per minute, the
 capability's schema and the uploads it names, then (in the same thread hop that
 stores the row, calls/job_writes.py) whether a live worker can run it and how many
 calls the principal has queued. Nothing is stored or queued before every check has passed.
+
+A callId is unique in its session, and its row keeps a hash of the call
+(`lifecycle.call_hash`): a start that finds its callId taken by the very same call
+is told which job holds it (`CallIdHeld`), to adopt instead of running it twice;
+one that finds another call there is refused (`CallIdTaken`).
 """
 
 from __future__ import annotations
@@ -39,7 +44,20 @@ class CallRefused(Exception):
 
 
 class CallIdTaken(CallRefused):
-    """The session already holds a call with this callId."""
+    """The session already holds another call with this callId."""
+
+
+class CallIdHeld(CallIdTaken):
+    """The session holds this very call already (same callId, same capability and
+    params): adopt `job` instead of running it twice.
+
+    A `CallIdTaken` too, carrying its refusal, so a door that never reuses a callId
+    (MCP makes its own) refuses it cleanly rather than fails.
+    """
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(_taken(job.call_id))
+        self.job = job
 
 
 NOT_QUEUED = WireError(
@@ -56,6 +74,8 @@ class CallRequest:
     request_id: str
     capability: str
     params: dict[str, Any]
+    params_hash: str = ""
+    """`lifecycle.call_hash(capability, params)`, if the door has it; computed if not."""
     timeout_ms: int | None
     progress_token: str | int | None
     notify_started: bool
@@ -126,6 +146,7 @@ async def _start(principal: Principal, call: CallRequest, trace_parent: str = ""
             "request_id": call.request_id,
             "capability": call.capability,
             "params": call.params,
+            "params_hash": call.params_hash,
             "timeout_ms": call.timeout_ms or default_ms,
             "progress_token": call.progress_token,
             "notify_started": call.notify_started,
@@ -152,24 +173,29 @@ async def _start(principal: Principal, call: CallRequest, trace_parent: str = ""
 
 
 async def _written(writing: asyncio.Future[Job], new: job_writes.NewJob, call_id: str) -> Job:
-    """The job once its row is written; CallRefused if it was not."""
+    """The job once its row is written; CallRefused if it was not (CallIdHeld if the
+    session holds this very call already)."""
     try:
         return await start_retries.stored(writing, new)
     except job_writes.Unavailable as unavailable:
         raise CallRefused(unavailable.error) from None
     except budgets.Refused as refused:
         raise CallRefused(refused.error) from None
-    except CallIdInUse:
-        raise CallIdTaken(
-            WireError(
-                code=ErrorCode.INVALID_PARAMS,
-                message=f"callId {call_id!r} was already used in this session.",
-                details={"path": "payload.options.callId"},
-            )
-        ) from None
+    except CallIdInUse as in_use:
+        if in_use.existing is not None:
+            raise CallIdHeld(in_use.existing) from None
+        raise CallIdTaken(_taken(call_id)) from None
     except Exception:
         logger.exception("Could not create the job of call %s", call_id)
         raise CallRefused(NOT_QUEUED) from None
+
+
+def _taken(call_id: str) -> WireError:
+    return WireError(
+        code=ErrorCode.INVALID_PARAMS,
+        message=f"callId {call_id!r} was already used in this session.",
+        details={"path": "payload.options.callId"},
+    )
 
 
 async def over_rate_limit(principal: Principal) -> WireError | None:

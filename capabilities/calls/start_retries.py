@@ -7,7 +7,8 @@ up to ABP_START_RETRY_SECONDS; the call just waits.
 
 Writing again is safe: a callId is unique in its session. An attempt whose commit
 was sent but whose answer was lost with the connection may have written the row;
-the next attempt then finds the callId taken, and the row is read back as written.
+the next attempt then finds the callId taken by the same call
+(`CallIdInUse.existing`), and that row is the one written.
 Such a row's hand-over (`dispatch.created`, run on commit) did not run: the pump or
 the sweep hands it over (docs/design.md, "A start while the database is away").
 """
@@ -17,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from channels.db import database_sync_to_async
-
 from capabilities.calls import job_writes
 from capabilities.conf import abp_settings
-from capabilities.jobs import lifecycle, outages
+from capabilities.jobs import outages
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import Job
 
@@ -35,15 +34,10 @@ async def stored(writing: asyncio.Future[Job], new: job_writes.NewJob) -> Job:
     for attempt, pause in enumerate(outages.pauses()):
         try:
             return await writing
-        except CallIdInUse:
-            if attempt == 0:
-                raise
-            found: Job | None = await database_sync_to_async(lifecycle.find_call)(
-                new.job["session_id"], new.job["call_id"]
-            )
-            if found is None:
-                raise
-            return found  # written by the attempt whose answer was lost
+        except CallIdInUse as in_use:
+            if attempt == 0 or in_use.existing is None:
+                raise  # held before this start, or by another call
+            return in_use.existing  # written by the attempt whose answer was lost
         except outages.DATABASE_AWAY as away:
             if loop.time() + pause > give_up_at:
                 raise

@@ -8,13 +8,15 @@ the reaper and the admin all settle through `settle`. A loser does nothing visib
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from capabilities.conf import abp_settings
@@ -28,7 +30,27 @@ logger = logging.getLogger(__name__)
 
 
 class CallIdInUse(Exception):
-    """The session already has a job with this callId."""
+    """The session already has a job with this callId.
+
+    `existing`: that job, if it is the same call (the same capability and params);
+    None if its call differs, or it could not be read.
+    """
+
+    def __init__(self, call_id: str, existing: Job | None = None) -> None:
+        super().__init__(call_id)
+        self.call_id = call_id
+        self.existing = existing
+
+
+def call_hash(capability: str, params: dict[str, Any]) -> str:
+    """A call's idempotency key: the SHA-256 of its capability and params, as canonical JSON."""
+    canonical = json.dumps(
+        {"capability": capability, "params": params},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +112,7 @@ def create_job(
     run_by: str | None = None,
     trace_parent: str = "",
     generation: int = 0,
+    params_hash: str = "",
 ) -> Job:
     """Record a call; once the row is committed, send it to Celery if a slot is free.
 
@@ -103,6 +126,8 @@ def create_job(
     `run_by`: the caller runs it at once (calls/lane_runs.py): the row is written
     running, by that worker, on the local queue, and never sent.
     `trace_parent`: the call's span, while traces are on (capabilities/tracing.py).
+    `params_hash`: the call's `call_hash`, if the door has it already.
+    CallIdInUse if the session has a job with this callId already.
     """
     timeout_ms = min(timeout_ms or abp_settings().DEFAULT_TIMEOUT_MS, abp_settings().MAX_TIMEOUT_MS)
     now = timezone.now()
@@ -123,6 +148,7 @@ def create_job(
         request_id=request_id,
         capability=capability,
         params=stored_params,
+        params_hash=params_hash or call_hash(capability, params),
         spilled=spilled,
         principal=principal,
         user_id=user_id,
@@ -149,7 +175,7 @@ def create_job(
         # then sends it at once, or when the caller's own transaction commits.
         row_inserts.insert(job)
     except IntegrityError as exc:
-        raise CallIdInUse(call_id) from exc
+        raise CallIdInUse(call_id, existing=_same_call(job)) from exc
     # Robust: the row is committed, so the call is taken. A broker or Redis error past
     # that must not refuse it (its agent would be answered twice); a job handed over
     # and never sent is sent again by the sweep, one never handed over by the pump.
@@ -158,6 +184,19 @@ def create_job(
     if settled is None and run_by is None:
         transaction.on_commit(lambda: dispatch.created(job), robust=True)
     return job
+
+
+def _same_call(job: Job) -> Job | None:
+    """The session's job with `job`'s callId, if it is the same call as `job`.
+
+    Not inside a transaction: on PostgreSQL the failed INSERT aborted it, and no
+    query runs until it is rolled back (a batch of rows is then written again one
+    at a time, calls/job_writes.py, and this finds the job).
+    """
+    if connection.in_atomic_block:
+        return None
+    found = find_call(job.session_id, job.call_id)
+    return found if found is not None and found.params_hash == job.params_hash else None
 
 
 def _log_created(job: Job) -> None:
