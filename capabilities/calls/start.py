@@ -6,7 +6,7 @@ stores the row, calls/job_writes.py) whether a live worker can run it and how ma
 calls the principal has queued. Nothing is stored or queued before every check has passed.
 
 A callId is unique in its session, and its row keeps a hash of the call
-(`lifecycle.call_hash`): a start that finds its callId taken by the very same call
+(`protocol/call_digest.py`): a start that finds its callId taken by the very same call
 is told which job holds it (`CallIdHeld`), to adopt instead of running it twice;
 one that finds another call there is refused (`CallIdTaken`).
 """
@@ -75,7 +75,7 @@ class CallRequest:
     capability: str
     params: dict[str, Any]
     params_hash: str = ""
-    """`lifecycle.call_hash(capability, params)`, if the door has it; computed if not."""
+    """`call_digest(capability, params)`, if the door has it; computed if not."""
     timeout_ms: int | None
     progress_token: str | int | None
     notify_started: bool

@@ -28,7 +28,8 @@ class Background:
         return task
 
     async def drain(self) -> None:
-        if self._running:
+        """Return once nothing runs, including what the work ran meanwhile started."""
+        while self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
 
 

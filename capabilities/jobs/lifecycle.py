@@ -8,8 +8,6 @@ the reaper and the admin all settle through `settle`. A loser does nothing visib
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ from capabilities.jobs import dispatch, events, inputs, notes, queue, row_insert
 from capabilities.jobs.slot_counts import SlotCounts
 from capabilities.models import ACTIVE_STATUSES, SETTLED_STATUSES, CancelSource, Job, JobStatus
 from capabilities.protocol import WireError, responses
+from capabilities.protocol.call_digest import call_digest
 from capabilities.work.runs import Ran
 
 logger = logging.getLogger(__name__)
@@ -40,17 +39,6 @@ class CallIdInUse(Exception):
         super().__init__(call_id)
         self.call_id = call_id
         self.existing = existing
-
-
-def call_hash(capability: str, params: dict[str, Any]) -> str:
-    """A call's idempotency key: the SHA-256 of its capability and params, as canonical JSON."""
-    canonical = json.dumps(
-        {"capability": capability, "params": params},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +114,7 @@ def create_job(
     `run_by`: the caller runs it at once (calls/lane_runs.py): the row is written
     running, by that worker, on the local queue, and never sent.
     `trace_parent`: the call's span, while traces are on (capabilities/tracing.py).
-    `params_hash`: the call's `call_hash`, if the door has it already.
+    `params_hash`: the call's digest (protocol/call_digest.py), if the door has it already.
     CallIdInUse if the session has a job with this callId already.
     """
     timeout_ms = min(timeout_ms or abp_settings().DEFAULT_TIMEOUT_MS, abp_settings().MAX_TIMEOUT_MS)
@@ -148,7 +136,7 @@ def create_job(
         request_id=request_id,
         capability=capability,
         params=stored_params,
-        params_hash=params_hash or call_hash(capability, params),
+        params_hash=params_hash or call_digest(capability, params),
         spilled=spilled,
         principal=principal,
         user_id=user_id,

@@ -40,6 +40,8 @@ class CallRecord:
     """Until its deadline (meaningful while active)."""
     age_seconds: float = 0.0
     """Since its job was written: a call's duration runs from there, on every door."""
+    params_hash: str = ""
+    """Its capability and params' digest (protocol/call_digest.py)."""
 
 
 # -- socket ----------------------------------------------------------------------------
@@ -122,7 +124,8 @@ class EndSession:
 
 @dataclass(frozen=True, kw_only=True)
 class StartCall:
-    """Start the call through the call service; report `call_started` or `call_refused`."""
+    """Start the call through the call service (off the session's turn, as a task);
+    report `call_started`, `call_adopted` or `call_refused`."""
 
     request_id: RequestId
     stored_request_id: str
@@ -130,27 +133,20 @@ class StartCall:
     call_id: str
     capability: str
     params: dict[str, Any]
+    params_hash: str
+    """The call's idempotency key: a row with its callId and this digest is this call."""
     timeout_ms: int | None
     progress_token: str | int | None
     notify_started: bool
-    resent: bool = False
-    """Sent again after a resume: if the session holds its callId, adopt that call."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CancelStart:
-    """Cancel a call whose job is still being written, before it is.
-
-    Report `start_cancelled(action)` if that was in time; if the row is already
-    written, let the start be reported and then hand `message` to `receive` again.
-    """
+    """Cancel a call before its row is sealed; report `start_ticket(action, won)` at once."""
 
     call_id: str
     reason: str
     message: CancelRequest | CancelPendingRequest
-    overtakes: bool = True
-    """False for a re-sent call: its first copy may have a row already, written by the
-    session's old connection, so the cancel must wait for the start and find that row."""
 
 
 @dataclass(frozen=True, kw_only=True)

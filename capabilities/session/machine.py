@@ -3,21 +3,25 @@
 The shell (capabilities/transport/consumer.py) decodes frames and hands them to
 `receive`, performs the actions it gets back in order, and reports what the I/O
 found (`opened`, `call_started`, `cancels_settled`, `result_claimed`, ...) to the
-method each action names, performing those actions before going on. Every envelope
-is written here, and every decision about a call's outcome is taken here.
+method each action names, performing those actions before going on; then it asks
+`replay` for the events held meanwhile. Every envelope is written here, and every
+decision about a call's outcome is taken here.
 
-A call leaves the table of calls in flight exactly once (`_finish`), which is what
-makes every call answered at most once by this connection; claims in the database
-make it once across the session's connections.
+Each call moves through the phases of one table (capabilities/session/calls.py).
+An event a call's phase does not take yet (a cancel while its row is being
+written, a note before its start is reported) is held here and replayed in order,
+so the shell never waits on a call's behalf. A call leaves the table once, which
+makes it answered at most once by this connection; claims fenced by the session's
+generation make it once per connection in the database.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -38,6 +42,7 @@ from capabilities.protocol import (
     replies,
     responses,
 )
+from capabilities.protocol.call_digest import call_digest
 from capabilities.protocol.closes import (
     CLOSE_CODES,
     REFUSAL_MESSAGES,
@@ -72,6 +77,17 @@ from capabilities.session.actions import (
     StopWork,
     Then,
 )
+from capabilities.session.calls import (
+    STARTS,
+    Call,
+    CallTable,
+    Cancel,
+    Event,
+    Held,
+    Phase,
+    Step,
+    Wait,
+)
 from capabilities.session.wire import Wire
 
 TAKEN_OVER_CLOSE_CODE = 4409
@@ -101,6 +117,7 @@ class ConnectionState(Enum):
 
 
 Claimed = dict[str, Any] | str
+Replay = Callable[[], list[Action]]
 STILL_ACTIVE = "still-active"
 DELIVERED_ELSEWHERE = "delivered-elsewhere"
 
@@ -108,20 +125,6 @@ DELIVERED_ELSEWHERE = "delivered-elsewhere"
 _HANDLES_FRAMES = frozenset(
     {ConnectionState.OPEN, ConnectionState.GONE, ConnectionState.SUPERSEDED}
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class InFlight:
-    """A call this connection answers, not answered yet."""
-
-    call_id: str
-    request_id: RequestId
-    job_id: str
-    progress_token: str | int | None
-    started: float
-    """On the session's clock, when the call's job was written."""
-    own: bool
-    """Asked on this connection (not adopted from another of the session's)."""
 
 
 class Session:
@@ -156,16 +159,9 @@ class Session:
         self._new_id = new_id
         self._new_token = new_token
         self._clock = clock
-        self._calls: dict[str, InFlight] = {}
-        # Calls whose job the shell is still writing: a cancel may overtake them.
-        self._starting: dict[str, StartCall] = {}
-        # This connection's calls in flight by their request id (as stored): what
-        # `$/cancel_request` names, and what may not be reused meanwhile.
-        self._call_of_request: dict[str, str] = {}
-        # Calls answered again by a resume without a claim (their old connection had
-        # claimed them): if that connection then gives the result back, it is claimed
-        # here, not sent twice.
-        self._answered_again: set[str] = set()
+        self.calls = CallTable()
+        # Set while a held event is replayed: it goes, whatever else is held.
+        self._replaying = False
         self._initialize: Initialize | None = None
 
     # -- the connection ------------------------------------------------------------
@@ -205,18 +201,20 @@ class Session:
 
     def disconnected(self, code: int) -> list[Action]:
         """The socket closed: detach for a resume, or end the session and its calls."""
+        if self._waits_for_starts(lambda: self.disconnected(code)):
+            return []
         state, self.state = self.state, ConnectionState.CLOSED
         if state in (ConnectionState.OPEN, ConnectionState.GONE):
             assert self.session_id is not None
             if self.limits.resumable:
                 self.state = ConnectionState.DETACHED
-                self._forget_calls()  # they are the resuming connection's to answer
+                self.calls.clear()  # they are the resuming connection's to answer
                 return [
                     StopTimers(),
                     Detach(session_id=self.session_id, generation=self.generation),
                 ]
             ending = self._settle_all("disconnect", "connection closed", delivered=False)
-            self._forget_calls()  # answered by nobody: the session ends with its socket
+            self.calls.clear()  # answered by nobody: the session ends with its socket
             return [
                 *ending,
                 StopTimers(),
@@ -227,6 +225,8 @@ class Session:
     def key_revoked(self, reason: str = "key-revoked") -> list[Action]:
         """Access was withdrawn (`reason`: its key revoked, its user deactivated): end its
         calls, refuse, close."""
+        if self._waits_for_starts(lambda: self.key_revoked(reason)):
+            return []
         if self.state is ConnectionState.NEW:
             return self.refuse(reason)
         if self.state is not ConnectionState.OPEN:
@@ -243,6 +243,8 @@ class Session:
 
     def superseded(self, generation: int) -> list[Action]:
         """Another connection resumed the session: let it go and close this socket."""
+        if self._waits_for_starts(lambda: self.superseded(generation)):
+            return []
         if (
             generation <= self.generation
             or not self._live()
@@ -255,18 +257,77 @@ class Session:
         self.state = ConnectionState.SUPERSEDED
         return [LetGo(), StopTimers(), Close(code=TAKEN_OVER_CLOSE_CODE)]
 
+    # -- events held for later ---------------------------------------------------------
+
+    def replay(self) -> list[Action] | None:
+        """The next held event that may go now, handled; None if none may.
+
+        The shell asks after performing the actions of each event (and their reports),
+        until None: held events are then handled in order, each in full.
+        """
+        held = self.calls.next_ready()
+        if held is None:
+            return None
+        self._replaying = True
+        try:
+            return held.replay()
+        finally:
+            self._replaying = False
+
+    def _held_back(self, wait: Wait, blocked: Callable[[], bool], replay: Replay) -> bool:
+        """Hold the event if it must wait (for its call, the starts, or earlier events)."""
+        if self._replaying:
+            self._replaying = False  # the replayed event itself goes
+            return False
+        if not self.calls.must_hold(wait, blocked()):
+            return False
+        self.calls.hold(Held(wait=wait, blocked=blocked, replay=replay))
+        return True
+
+    def _waits_for_starts(self, replay: Replay) -> bool:
+        """Hold an event about the whole session until no call is starting."""
+        return self._held_back(Wait.BARRIER, self.calls.starting, replay)
+
+    def _waits_for_call(self, call_id: str, event: Event, replay: Replay) -> bool:
+        """Hold an event about one call until its phase takes it."""
+        return self._held_back(Wait.NOTE, lambda: self._phase_holds(call_id, event), replay)
+
+    def _phase_holds(self, call_id: str | None, event: Event) -> bool:
+        call = self.calls.get(call_id)
+        return call is not None and self.calls.holds(call, event)
+
+    def _frame_waits(self, message: Message | ProtocolError) -> tuple[Wait, Callable[[], bool]]:
+        """How an agent's frame waits: for its call's phase, or for every start."""
+        if isinstance(message, CallRequest):
+            call_id = message.options.call_id
+            return Wait.FRAME, lambda: self._phase_holds(call_id, Event.ASKED)
+        if isinstance(message, CancelRequest):
+            return Wait.FRAME, lambda: self._phase_holds(message.call_id, Event.CANCEL)
+        if isinstance(message, CancelPendingRequest):
+            return Wait.FRAME, lambda: self._phase_holds(
+                self._call_of_request(message.request_id), Event.CANCEL
+            )
+        return Wait.BARRIER, self.calls.starting
+
+    def _call_of_request(self, request_id: RequestId) -> str | None:
+        call = self.calls.by_request(self._wire.store_id(request_id))
+        return call.call_id if call is not None else None
+
     # -- messages in -----------------------------------------------------------------
 
     def receive(self, message: Message | ProtocolError) -> list[Action]:
         """What to do about one decoded frame (or one that failed to decode)."""
         if self.state is not ConnectionState.NEW and self.state not in _HANDLES_FRAMES:
             return []
+        wait, blocked = self._frame_waits(message)
+        if self._held_back(wait, blocked, lambda: self.receive(message)):
+            return []
         if isinstance(message, ProtocolError):
             return self._refuse_frame(message)
         if message.id is None:  # a notification: never answered
             return self._notice(message) if self.state is not ConnectionState.NEW else []
-        if self._wire.UNIQUE_REQUEST_IDS and self._wire.store_id(message.id) in (
-            self._call_of_request
+        if self._wire.UNIQUE_REQUEST_IDS and self.calls.request_in_use(
+            self._wire.store_id(message.id)
         ):
             error = WireError(
                 code=ErrorCode.INVALID_REQUEST,
@@ -362,10 +423,9 @@ class Session:
             # Its old connection may linger (a half-open socket, another Daphne).
             actions.append(AnnounceTakeover(session_id=action.session_id, generation=generation))
         # A call can be in both lists: read unanswered, then claimed by a lingering old
-        # connection before `again` was read. Sent once, as an answer again; its claim,
-        # should that connection give it back, is then taken without sending.
+        # connection before `again` was read. It is sent once, as an answer again; the
+        # resume claimed it for this generation, so no claim here sends it twice.
         sent_again = {call.call_id for call, _ in again}
-        both = [call for call in calls if call.call_id in sent_again]
         calls = [call for call in calls if call.call_id not in sent_again]
         held = [call.call_id for call in calls] + [call.call_id for call, _ in again]
         actions.append(Send(text=self._open(action.session_id, token, held_calls=held)))
@@ -376,9 +436,6 @@ class Session:
         for call, response in again:
             request_id = self._wire.load_id(call.request_id)
             actions.append(Send(text=self._wire.call_result(request_id, response, own=False)))
-            self._answered_again.add(call.call_id)
-        for call in both:
-            actions.append(ClaimResult(call_id=call.call_id, job_id=call.job_id, response=None))
         return actions
 
     def resume_refused(self, error: WireError) -> list[Action]:
@@ -417,6 +474,8 @@ class Session:
 
     def capabilities_changed(self, available: dict[str, bool]) -> list[Action]:
         """Workers came or went: tell the agent, if it wants notifications."""
+        if self._waits_for_starts(lambda: self.capabilities_changed(available)):
+            return []
         if self.state is not ConnectionState.OPEN or not self.notifications:
             return []
         data = {"capabilities": self._capabilities(available)}
@@ -426,10 +485,20 @@ class Session:
 
     def _call(self, message: CallRequest) -> list[Action]:
         call_id = message.options.call_id or self._new_id()
-        resent = message.options.resent and message.options.call_id is not None
-        if resent and (call_id in self._calls or call_id in self._starting):
-            return []  # its first copy arrived after all: that one is answered
-        error = self._call_refusal(message, call_id)
+        digest = call_digest(message.capability, message.params)
+        held = self.calls.get(call_id)
+        if held is not None:  # in flight here: its phase holds a call frame otherwise
+            self.calls.on(held, Event.ASKED)
+            same_request = not held.own or held.stored_request_id == self._wire.store_id(message.id)
+            if held.digest == digest and same_request:
+                return []  # that very call again (re-sent after a resume): answered once
+            running = WireError(
+                code=ErrorCode.INVALID_PARAMS,
+                message=f"callId {call_id!r} is already running in this session.",
+                details={"path": "payload.options.callId"},
+            )
+            return [Send(text=self._wire.call_error(message.id, call_id, running))]
+        error = self._call_refusal(message)
         if error is not None:
             return [Send(text=self._wire.call_error(message.id, call_id, error))]
         start = StartCall(
@@ -438,22 +507,23 @@ class Session:
             call_id=call_id,
             capability=message.capability,
             params=message.params,
+            params_hash=digest,
             timeout_ms=message.options.timeout_ms,
             progress_token=message.options.progress_token,
             notify_started=self.notifications,
-            resent=resent,
         )
-        self._starting[call_id] = start
-        self._call_of_request[start.stored_request_id] = call_id
+        self.calls.add(
+            Call(
+                call_id=call_id,
+                request_id=message.id,
+                stored_request_id=start.stored_request_id,
+                phase=Phase.STARTING,
+                digest=digest,
+            )
+        )
         return [start]
 
-    def _call_refusal(self, message: CallRequest, call_id: str) -> WireError | None:
-        if call_id in self._calls or call_id in self._starting:
-            return WireError(
-                code=ErrorCode.INVALID_PARAMS,
-                message=f"callId {call_id!r} is already running in this session.",
-                details={"path": "payload.options.callId"},
-            )
+    def _call_refusal(self, message: CallRequest) -> WireError | None:
         if message.capability not in self._capability_names():
             return responses.unknown_capability(message.capability)
         limit = self.limits.max_timeout_ms
@@ -466,7 +536,7 @@ class Session:
                 details={"path": "payload.options.timeout", "max": max_timeout_ms},
             )
         most = self.limits.max_queued_calls
-        if most is not None and len(self._calls) + len(self._starting) >= most:
+        if most is not None and len(self.calls) >= most:
             wait_ms = self.limits.queue_full_retry_after_ms
             return WireError(
                 code=ErrorCode.RATE_LIMITED,
@@ -477,106 +547,155 @@ class Session:
             )
         return None
 
+    # -- what a start reports ------------------------------------------------------------
+
     def call_started(self, call: CallRecord) -> list[Action]:
-        """The job exists: the call is in flight until answered."""
-        if self._starting.pop(call.call_id, None) is None:
-            return []  # cancelled before its row was written, which says so; answered
-        return self._adopt(call, own=True)
+        """The start wrote the call's row: the call is in flight until answered."""
+        return self._start_reported(call.call_id, Event.WRITTEN, record=call)
+
+    def call_adopted(self, action: StartCall, call: CallRecord) -> list[Action]:
+        """The start found this very call's row (the same callId and call), written by
+        another copy of its frame: the call is that one, never run twice."""
+        return self._start_reported(action.call_id, Event.ADOPTED, record=call)
 
     def call_refused(self, action: StartCall, error: WireError) -> list[Action]:
         """The call service would not start the call."""
-        if self._starting.pop(action.call_id, None) is None:
-            return []  # cancelled first, and answered then
-        self._call_of_request.pop(action.stored_request_id, None)
-        return [Send(text=self._wire.call_error(action.request_id, action.call_id, error))]
+        return self._start_reported(action.call_id, Event.REFUSED, error=error)
 
-    def resent_call_held(self, action: StartCall) -> list[Action]:
-        """A re-sent call's callId is the session's already (its first copy came in
-        on the old socket after all): adopt that call instead of running it twice."""
-        if self._starting.pop(action.call_id, None) is None:
+    def start_ticket(self, action: CancelStart, won: bool) -> list[Action]:
+        """Whether the cancel came before the call's row was sealed."""
+        call = self.calls.get(action.call_id)
+        if call is None:
             return []
-        self._call_of_request.pop(action.stored_request_id, None)
-        return [LookUp(call_id=action.call_id, then=DeliverFound())]
+        step = self.calls.on(call, Event.TICKET_WON if won else Event.TICKET_LOST)
+        if step is Step.CANCEL_WON:
+            call.won_by = action.message  # answered once the cancelled row is written
+        elif step is Step.CANCEL_WAITS:
+            self._hold_first(action.message)
+        return []
 
-    def start_cancelled(self, action: CancelStart) -> list[Action]:
-        """The cancel came before the call's job was written: the job is written
-        settled (cancelled, delivered) and never runs, so both answers go now."""
-        start = self._starting.pop(action.call_id, None)
-        if start is None:
-            return []
-        self._call_of_request.pop(start.stored_request_id, None)
+    def _hold_first(self, message: Message) -> None:
+        """Hold a frame ahead of every held one (they all came after it)."""
+        _, blocked = self._frame_waits(message)
+        self.calls.hold(
+            Held(wait=Wait.FRAME, blocked=blocked, replay=lambda: self.receive(message)),
+            first=True,
+        )
+
+    def _start_reported(
+        self,
+        call_id: str,
+        event: Event,
+        *,
+        record: CallRecord | None = None,
+        error: WireError | None = None,
+    ) -> list[Action]:
+        call = self.calls.get(call_id)
+        if call is None or call.phase not in STARTS:
+            return []  # let go meanwhile (the socket dropped): a resume finds its row
+        step = self.calls.on(call, event)
+        if step is Step.ANSWER_CANCELLED:
+            return self._answer_cancelled(call)
+        if step is Step.REFUSE:
+            assert error is not None
+            return self._refuse_start(call, error)
+        assert record is not None
+        if step is Step.ADOPT_AND_CANCEL and call.won_by is not None:
+            # The cancel won a copy whose call another copy wrote: it cancels that call.
+            self._hold_first(call.won_by)
+            call.won_by = None
+        return self._in_flight(call, record)
+
+    def _in_flight(self, call: Call, record: CallRecord) -> list[Action]:
+        """The call's row is there: time the call, and deliver it if it settled already."""
+        call.job_id, call.progress_token = record.job_id, record.progress_token
+        call.started = self._clock() - record.age_seconds
+        asked_again = record.request_id != call.stored_request_id  # adopted, not written
+        if record.delivered:  # that call was answered already, once
+            self.calls.on(call, Event.ANSWERED)
+            if not asked_again:
+                return []
+            # By another request: a reused callId, whatever it asks.
+            return [Send(text=self._wire.call_error(call.request_id, call.call_id, _used(call)))]
+        if asked_again:  # a copy another connection brought in: answered as that one
+            call.request_id, call.own = self._wire.load_id(record.request_id), False
+        if record.active:
+            return [StartTimer(call_id=call.call_id, seconds=max(0.0, record.seconds_left))]
+        return self._deliver(call.call_id, None)
+
+    def _answer_cancelled(self, call: Call) -> list[Action]:
+        """A cancel won the call's start, and its row is written cancelled and delivered:
+        confirm the cancel, and answer the call."""
         actions: list[Action] = []
-        if isinstance(action.message, CancelRequest):
-            reply = self._wire.cancel_result(action.message.id, start.call_id, cancelled=True)
+        if isinstance(call.won_by, CancelRequest):
+            reply = self._wire.cancel_result(call.won_by.id, call.call_id, cancelled=True)
             actions.append(Send(text=reply))
-        result = responses.cancelled(start.call_id, "agent", 0)
+        result = responses.cancelled(call.call_id, "agent", 0)
         return [
             *actions,
-            *self._completed(start.call_id),
-            Send(text=self._wire.call_result(start.request_id, result, own=True)),
+            *self._completed(call.call_id),
+            Send(text=self._wire.call_result(call.request_id, result, own=call.own)),
         ]
 
+    def _refuse_start(self, call: Call, error: WireError) -> list[Action]:
+        actions: list[Action] = [
+            Send(text=self._wire.call_error(call.request_id, call.call_id, error))
+        ]
+        if isinstance(call.won_by, CancelRequest):  # the call ended refused, not cancelled
+            reply = self._wire.cancel_result(
+                call.won_by.id, call.call_id, cancelled=False, reason=replies.ALREADY_COMPLETED
+            )
+            actions.append(Send(text=reply))
+        return actions
+
     def _adopt(self, call: CallRecord, *, own: bool = False, timer: bool = True) -> list[Action]:
-        """Make a call this connection's to answer (and, while it runs, to time out)."""
-        self._calls[call.call_id] = InFlight(
-            call_id=call.call_id,
-            request_id=self._wire.load_id(call.request_id),
-            job_id=call.job_id,
-            progress_token=call.progress_token,
-            started=self._clock() - call.age_seconds,
-            own=own,
+        """Make a stored call this connection's to answer (and, while it runs, to time out)."""
+        self.calls.add(
+            Call(
+                call_id=call.call_id,
+                request_id=self._wire.load_id(call.request_id),
+                stored_request_id=call.request_id,
+                phase=Phase.IN_FLIGHT,
+                own=own,
+                digest=call.params_hash,
+                job_id=call.job_id,
+                progress_token=call.progress_token,
+                started=self._clock() - call.age_seconds,
+            )
         )
-        if own:
-            self._call_of_request[call.request_id] = call.call_id
         if call.active and timer:
             return [StartTimer(call_id=call.call_id, seconds=max(0.0, call.seconds_left))]
         return []
 
-    def _finish(self, call_id: str) -> InFlight | None:
+    def _finish(self, call_id: str) -> Call | None:
         """Take the call out of the table; only the first caller gets it (and answers)."""
-        call = self._calls.pop(call_id, None)
-        if call is not None and call.own:
-            self._call_of_request.pop(self._wire.store_id(call.request_id), None)
+        call = self.calls.get(call_id)
+        if call is None or call.phase is not Phase.IN_FLIGHT:
+            return None
+        self.calls.on(call, Event.ANSWERED)
         return call
-
-    def _forget_calls(self) -> None:
-        """Let every call go unanswered here (the session's other connections answer)."""
-        self._calls.clear()
-        self._starting.clear()
-        self._call_of_request.clear()
 
     def _live(self) -> bool:
         """Whether the session still acts on its calls here."""
         return self.state in _HANDLES_FRAMES or self.state is ConnectionState.ENDING
 
-    def in_flight(self, call_id: str) -> InFlight | None:
-        """The call, if this connection holds it unanswered."""
-        return self._calls.get(call_id)
+    def in_flight(self, call_id: str) -> Call | None:
+        """The call, if this connection holds it unanswered with its job written."""
+        call = self.calls.get(call_id)
+        return call if call is not None and call.phase is Phase.IN_FLIGHT else None
 
     def answers(self, call_id: str) -> bool:
         """Whether this connection would send the call's result now, were it settled."""
-        return call_id in self._calls and self.state is ConnectionState.OPEN
+        return self.in_flight(call_id) is not None and self.state is ConnectionState.OPEN
 
     # -- cancels ----------------------------------------------------------------------
 
     def _cancel(self, message: CancelRequest) -> list[Action]:
-        reason = message.reason or ""
-        start = self._starting.get(message.call_id)
-        if start is not None:
-            return [self._cancel_start(start, reason, message)]
-        call = self._calls.get(message.call_id)
+        call = self.calls.get(message.call_id)
         if call is None:
-            then = CancelFound(request_id=message.id, reason=reason)
+            then = CancelFound(request_id=message.id, reason=message.reason or "")
             return [LookUp(call_id=message.call_id, then=then)]
-        return [self._settle_agent_cancel(call, message.id, reason)]
-
-    @staticmethod
-    def _cancel_start(
-        start: StartCall, reason: str, message: CancelRequest | CancelPendingRequest
-    ) -> CancelStart:
-        return CancelStart(
-            call_id=start.call_id, reason=reason, message=message, overtakes=not start.resent
-        )
+        return self._cancel_call(call, message, message.reason or "")
 
     def _cancel_pending_request(self, message: CancelPendingRequest) -> list[Action]:
         """`$/cancel_request`: cancel the call a request of this connection made.
@@ -584,41 +703,34 @@ class Session:
         Unconfirmed: the request itself is answered, -32800 if this cancel settled its
         job first, else with its result. An unknown or answered id is ignored.
         """
-        call_id = self._call_of_request.get(self._wire.store_id(message.request_id))
-        if call_id is None or self.state is not ConnectionState.OPEN:
+        call = self.calls.by_request(self._wire.store_id(message.request_id))
+        if call is None or self.state is not ConnectionState.OPEN:
             return []
-        start = self._starting.get(call_id)
-        if start is not None:
-            return [self._cancel_start(start, "$/cancel_request", message)]
-        call = self._calls.get(call_id)
-        if call is None:
-            return []
+        return self._cancel_call(call, message, "$/cancel_request")
+
+    def _cancel_call(self, call: Call, message: Cancel, reason: str) -> list[Action]:
+        """An agent's cancel of a call this connection holds (not held back: calls.py)."""
+        step = self.calls.on(call, Event.CANCEL)
+        if step is Step.TRY_TICKET:
+            return [CancelStart(call_id=call.call_id, reason=reason, message=message)]
+        assert step is Step.SETTLE_CANCEL
+        request_id = message.id if isinstance(message, CancelRequest) else None
         return [
             SettleCancels(
                 call_ids=(call.call_id,),
                 job_ids=(call.job_id,),
                 source="agent",
-                reason="$/cancel_request",
+                reason=reason,
                 delivered=True,
+                request_id=request_id,
+                read_losers=request_id is not None,
             )
         ]
 
-    @staticmethod
-    def _settle_agent_cancel(call: InFlight, request_id: RequestId, reason: str) -> SettleCancels:
-        return SettleCancels(
-            call_ids=(call.call_id,),
-            job_ids=(call.job_id,),
-            source="agent",
-            reason=reason,
-            delivered=True,
-            request_id=request_id,
-            read_losers=True,
-        )
-
     def timed_out(self, call_id: str) -> list[Action]:
         """The call's deadline passed."""
-        call = self._calls.get(call_id) if self._live() else None
-        if call is None:
+        call = self.calls.get(call_id) if self._live() else None
+        if call is None or self.calls.on(call, Event.DEADLINE) is not Step.SETTLE_TIMEOUT:
             return []
         return [
             SettleCancels(
@@ -652,12 +764,12 @@ class Session:
         """
         if self.state is ConnectionState.ENDING:
             for call in calls:
-                if call.call_id not in self._calls:
+                if self.calls.get(call.call_id) is None:
                     self._adopt(call, timer=False)
         return self._settle_all(then.source, then.reason, delivered=True)
 
     def _settle_all(self, source: str, reason: str, *, delivered: bool) -> list[Action]:
-        calls = list(self._calls.values())
+        calls = self.calls.in_phase(Phase.IN_FLIGHT)
         if not calls:
             return []
         return [
@@ -706,20 +818,26 @@ class Session:
         call = self._finish(call_id)
         if call is None:
             return actions
-        duration = int((self._clock() - call.started) * 1000)
-        result = responses.cancelled(call_id, action.source, duration)
+        duration_ms = int((self._clock() - call.started) * 1000)
         return [
             *actions,
             StopTimer(call_id=call_id),
-            *self._completed(call_id),
-            Send(text=self._wire.call_result(call.request_id, result, own=call.own), claims=job_id),
+            *self._cancelled_answer(call, action.source, duration_ms, claims=job_id),
             StopWork(job_id=job_id),
         ]
+
+    def _cancelled_answer(
+        self, call: Call, source: str, duration_ms: int, *, claims: str | None = None
+    ) -> list[Action]:
+        """The cancelled result of a call this connection answers, and its completion note."""
+        result = responses.cancelled(call.call_id, source, duration_ms)
+        text = self._wire.call_result(call.request_id, result, own=call.own)
+        return [*self._completed(call.call_id), Send(text=text, claims=claims)]
 
     # -- results ----------------------------------------------------------------------
 
     def _deliver(self, call_id: str, response: dict[str, Any] | None) -> list[Action]:
-        call = self._calls.get(call_id)
+        call = self.in_flight(call_id)
         if call is None:
             return []  # answered already: a late note
         if self.state not in (ConnectionState.OPEN, ConnectionState.ENDING):
@@ -758,26 +876,19 @@ class Session:
         """A lookup's answer: adopt the call if it is unanswered, then carry on."""
         then: Then = action.then
         actions: list[Action] = []
-        if (
-            isinstance(then, DeliverFound)
-            and call is not None
-            and not call.delivered  # given back by the connection that claimed it
-            and call.call_id in self._answered_again
-        ):
-            self._answered_again.discard(call.call_id)
-            # Sent by the resume already: claimed, so that nobody sends it again.
-            return [ClaimResult(call_id=call.call_id, job_id=call.job_id, response=None)]
-        held = self._calls.get(call.call_id) if call is not None else None
+        held = self.in_flight(call.call_id) if call is not None else None
         unanswered = call is not None and held is None and not call.delivered
         if unanswered and self.state is ConnectionState.OPEN:
             assert call is not None
-            actions = self._adopt(call)
-            held = self._calls[call.call_id]
+            if self.calls.get(call.call_id) is None:
+                actions = self._adopt(call)
+                held = self.in_flight(call.call_id)
         if isinstance(then, DeliverFound):
             # Not held: answered already, or not this connection's.
             return [*actions, *self._deliver(held.call_id, then.response)] if held else []
         if held is not None:
-            return [*actions, self._settle_agent_cancel(held, then.request_id, then.reason)]
+            cancel = CancelRequest(id=then.request_id, call_id=held.call_id, reason=then.reason)
+            return [*actions, *self._cancel_call(held, cancel, then.reason)]
         if call is None:
             cancelled, reason = False, replies.NOT_FOUND
         elif call.status == "cancelled":
@@ -794,7 +905,9 @@ class Session:
 
     def job_started(self, call_id: str) -> list[Action]:
         """The worker started the call."""
-        if not self.notifications or call_id not in self._calls or not self._live():
+        if self._waits_for_call(call_id, Event.NOTE, lambda: self.job_started(call_id)):
+            return []
+        if not self.notifications or self._note_for(call_id) is None:
             return []
         note = self._wire.notification("notifications/operation/started", {"operationId": call_id})
         return [Send(text=note)]
@@ -809,7 +922,17 @@ class Session:
         position: int | None = None,
     ) -> list[Action]:
         """The call made progress (or moved up the line): tell the agent if it asked."""
-        call = self._calls.get(call_id) if self._live() else None
+        again = functools.partial(
+            self.job_progress,
+            call_id,
+            progress=progress,
+            total=total,
+            stage=stage,
+            position=position,
+        )
+        if self._waits_for_call(call_id, Event.NOTE, again):
+            return []
+        call = self._note_for(call_id)
         if call is None or call.progress_token is None:
             return []
         reply = self._wire.progress(
@@ -824,17 +947,36 @@ class Session:
 
     def job_settled(self, call_id: str, response: dict[str, Any] | None) -> list[Action]:
         """The call's job settled somewhere: deliver it, finding it first if need be."""
-        if call_id in self._calls:
+        if self._waits_for_call(call_id, Event.NOTE, lambda: self.job_settled(call_id, response)):
+            return []
+        if self._note_for(call_id) is not None:
             return self._deliver(call_id, response)
         if self.state is not ConnectionState.OPEN:
             return []
         return [LookUp(call_id=call_id, then=DeliverFound(response=response))]
 
+    def _note_for(self, call_id: str) -> Call | None:
+        """The call a worker's note is about, if this connection answers it now."""
+        call = self.calls.get(call_id) if self._live() else None
+        if call is None or self.calls.on(call, Event.NOTE) is not Step.FORWARD:
+            return None
+        return call
+
     def job_returned(self, job_id: str) -> list[Action]:
         """A result its connection gave back (or nobody sent): take it over."""
+        if self._waits_for_starts(lambda: self.job_returned(job_id)):
+            return []
         if self.state is not ConnectionState.OPEN:
             return []  # a resume will find it
         return [LookUp(job_id=job_id, then=DeliverFound())]
+
+
+def _used(call: Call) -> WireError:
+    return WireError(
+        code=ErrorCode.INVALID_PARAMS,
+        message=f"callId {call.call_id!r} was already used in this session.",
+        details={"path": "payload.options.callId"},
+    )
 
 
 def _type_of(message: Message) -> str:

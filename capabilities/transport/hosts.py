@@ -1,7 +1,7 @@
 """Which Host a WebSocket upgrade may name: ALLOWED_HOSTS, as on the HTTP side.
 
 Django checks the Host of every HTTP request (`HttpRequest.get_host`); Channels does
-not for a WebSocket. Download URLs are built from it (consumers.`_base_url_of`), so
+not for a WebSocket. Download URLs are built from it (transport/admission.py's `base_url_of`), so
 an upgrade naming another host is refused before it reaches the consumer: HTTP 403,
 as the origin check refuses (capabilities/transport/browser_origins.py).
 """

@@ -1,13 +1,15 @@
-"""The database side of a connection's actions: do them, report what they found.
+"""The call service's side of a connection's actions: do them, report what they found.
 
 Composed into the consumer (capabilities/transport/consumer.py), which does the
-socket, the channel layer and the timers. Each method performs one action through
+socket and the timers. Each method performs one action through
 the call service and returns the session's answer to what it found.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -20,8 +22,7 @@ from capabilities.calls.start_order import StartTurn
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.endings import cancellation, resumption
 from capabilities.jobs import lifecycle, outages, results
-from capabilities.models import CancelSource, Door, Job
-from capabilities.protocol import WireError
+from capabilities.models import CancelSource, Door, Job, session_group
 from capabilities.session import machine
 from capabilities.session.actions import (
     Action,
@@ -36,6 +37,7 @@ from capabilities.session.actions import (
     StartCall,
 )
 from capabilities.session.machine import Session
+from capabilities.transport.session_groups import SessionGroups
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ def record_of(job: Job) -> CallRecord:
         delivered=job.delivered_at is not None,
         seconds_left=answers.seconds_left(job),
         age_seconds=results.duration_ms(job, settled_at=timezone.now()) / 1000,
+        params_hash=job.params_hash,
     )
 
 
@@ -59,10 +62,17 @@ class SessionIO:
     """One connection's calls to the call service, on behalf of its session."""
 
     def __init__(
-        self, session: Session, principal: Principal, *, base_url: str, door: Door
+        self,
+        session: Session,
+        principal: Principal,
+        *,
+        base_url: str,
+        door: Door,
+        groups: SessionGroups,
     ) -> None:
         self.session = session
         self.principal = principal
+        self.groups = groups
         self.base_url = base_url
         self.door = door
 
@@ -72,8 +82,8 @@ class SessionIO:
         assert self.session.session_id is not None
         return self.session.session_id
 
-    async def open_session(self, action: OpenSession, origin: str) -> list[Action] | None:
-        """Record the session; the session's refusal if over the principal's budget."""
+    async def open_session(self, action: OpenSession, origin: str) -> list[Action]:
+        """Record the session (within the principal's budget), hear its notes, hold it."""
         try:
             await database_sync_to_async(budgets.open_session)(
                 self.principal,
@@ -85,11 +95,27 @@ class SessionIO:
             )
         except budgets.OverBudget as over:
             return self.session.open_refused(over.error)
-        return None
+        await self.groups.listen(action.session_id)
+        self.groups.hold(action.session_id)
+        return self.session.opened(action)
 
-    async def resume(self, action: ResumeSession, replacement: str) -> list[Action]:
-        """Take the session over, rotating its token; ResumeRefused if it cannot be."""
-        resumed, again = await database_sync_to_async(self._resume)(action, replacement)
+    async def resume(self, action: ResumeSession) -> list[Action]:
+        """Take the session over, rotating its token; the refusal if it cannot be."""
+        try:
+            session_group(action.session_id)
+        except ValueError:
+            return self.session.resume_refused(resumption.invalid().error)
+        # Heard before the session's jobs are read: no settle falls in between. And
+        # before its token turns: a resume failing after that (Redis restarting) would
+        # leave the agent with a token that no longer works.
+        await self.groups.listen(action.session_id)
+        replacement = resumption.new_token()
+        try:
+            resumed, again = await database_sync_to_async(self._resume)(action, replacement)
+        except resumption.ResumeRefused as refused:
+            await self.groups.stop_listening(action.session_id)
+            return self.session.resume_refused(refused.error)
+        self.groups.hold(action.session_id)
         return self.session.resumed(
             action,
             token=replacement,
@@ -119,39 +145,47 @@ class SessionIO:
         ticket: StartTicket,
         deliver: lane_runs.Deliver,
         turn: StartTurn | None = None,
-    ) -> CallRecord | WireError | None:
-        """Start the call through the call service: its job, or why not; None for a
-        re-sent call whose callId the session holds already.
-
-        Not reported to the session here: the consumer does, under its lock.
-        """
+    ) -> Callable[[], list[Action]]:
+        """Start the call through the call service (off the consumer's lock): what to
+        report to the session, under the lock, once it is done."""
         call = start.CallRequest(
             session_id=self.session_id,
             call_id=action.call_id,
             request_id=action.stored_request_id,
             capability=action.capability,
             params=action.params,
+            params_hash=action.params_hash,
             timeout_ms=action.timeout_ms,
             progress_token=action.progress_token,
             notify_started=action.notify_started,
+            generation=self.session.generation,
             ticket=ticket,
             deliver=deliver,
             turn=turn,
         )
         try:
             job = await start.start(self.principal, call)
-        except start.CallIdTaken as taken:
-            return None if action.resent else taken.error
+        except start.CallIdHeld as held:
+            return functools.partial(self.session.call_adopted, action, record_of(held.job))
         except start.CallRefused as refused:
-            return refused.error
-        return record_of(job)
+            return functools.partial(self.session.call_refused, action, refused.error)
+        except Exception:
+            logger.exception("Could not start call %s", action.call_id)
+            return functools.partial(self.session.call_refused, action, start.NOT_QUEUED)
+        return functools.partial(self.session.call_started, record_of(job))
 
     async def settle_here(
         self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]
     ) -> list[Action]:
         """Settle a local run and claim its delivery in one statement; its answer if won."""
         won = await job_writes.settle(
-            job_writes.LocalSettle(job=job, outcome=outcome, response=response, answered_here=True)
+            job_writes.LocalSettle(
+                job=job,
+                outcome=outcome,
+                response=response,
+                answered_here=True,
+                generation=self.session.generation,
+            )
         )
         if not won:  # whoever settled it first tells the session
             return []
@@ -165,6 +199,7 @@ class SessionIO:
             CancelSource(action.source),
             action.reason,
             delivered=action.delivered,
+            generation=self.session.generation,
         )
         losers: dict[str, dict[str, Any] | None] = {}
         if action.read_losers:
@@ -178,7 +213,7 @@ class SessionIO:
         """Claim the sending of a settled call's result."""
         try:
             claimed = await database_sync_to_async(session_records.claim_response)(
-                action.job_id, self.base_url, action.response
+                action.job_id, self.base_url, action.response, generation=self.session.generation
             )
         except outages.DATABASE_AWAY:
             # PostgreSQL restarting. Unclaimed, the result is announced again by the
@@ -216,8 +251,8 @@ class SessionIO:
         return []
 
     async def give_back(self, job_id: str) -> None:
-        """Release a claimed result nobody received."""
-        await database_sync_to_async(lifecycle.release_delivery)(job_id)
+        """Release a claimed result nobody received (if this generation still holds it)."""
+        await database_sync_to_async(lifecycle.release_delivery)(job_id, self.session.generation)
 
     async def detach(self, session_id: str, generation: int) -> None:
         """Start the session's grace period."""

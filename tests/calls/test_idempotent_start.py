@@ -23,9 +23,9 @@ from django.db import connections
 from capabilities.access.principal import Principal
 from capabilities.calls import availability, job_writes, start, start_retries
 from capabilities.calls.start_ticket import StartTicket
-from capabilities.jobs import lifecycle
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import AgentSession, Job, JobStatus
+from capabilities.protocol.call_digest import call_digest
 from tests.support import new_jobs
 
 pytestmark = pytest.mark.usefixtures("database")
@@ -103,18 +103,18 @@ def rows(session_id: str) -> list[tuple[str, str]]:
 
 
 def test_the_hash_is_of_the_capability_and_params_whatever_their_key_order() -> None:
-    one = lifecycle.call_hash(MARKDOWN, {"markdown": "# x", "options": {"a": 1, "b": [1, 2]}})
-    same = lifecycle.call_hash(MARKDOWN, {"options": {"b": [1, 2], "a": 1}, "markdown": "# x"})
+    one = call_digest(MARKDOWN, {"markdown": "# x", "options": {"a": 1, "b": [1, 2]}})
+    same = call_digest(MARKDOWN, {"options": {"b": [1, 2], "a": 1}, "markdown": "# x"})
     assert one == same
     assert len(one) == 64
-    assert lifecycle.call_hash(MARKDOWN, {"markdown": "# y"}) != one
+    assert call_digest(MARKDOWN, {"markdown": "# y"}) != one
     # Canonical JSON: sorted keys, no spaces, text as UTF-8.
     canonical = '{"capability":"convert.markdownToHtml","params":{"a":1,"markdown":"é"}}'
     assert (
-        lifecycle.call_hash(MARKDOWN, {"markdown": "é", "a": 1})
+        call_digest(MARKDOWN, {"markdown": "é", "a": 1})
         == hashlib.sha256(canonical.encode()).hexdigest()
     )
-    assert lifecycle.call_hash("test.sleep", {"markdown": "# x"}) != lifecycle.call_hash(
+    assert call_digest("test.sleep", {"markdown": "# x"}) != call_digest(
         MARKDOWN, {"markdown": "# x"}
     )
 
@@ -123,9 +123,9 @@ def test_a_row_keeps_the_hash_of_its_call(who: Principal, session_id: str) -> No
     [job] = started(who, request(session_id, "c-1"))
     assert isinstance(job, Job)
     stored = Job.objects.get(pk=job.pk)
-    assert stored.params_hash == lifecycle.call_hash(MARKDOWN, {"markdown": "# x"})
+    assert stored.params_hash == call_digest(MARKDOWN, {"markdown": "# x"})
     # A door that hashed the call already passes its hash on.
-    hashed = lifecycle.call_hash(MARKDOWN, {"markdown": "# z"})
+    hashed = call_digest(MARKDOWN, {"markdown": "# z"})
     [job] = started(who, dataclasses.replace(request(session_id, "c-2", "# z"), params_hash=hashed))
     assert isinstance(job, Job)
     assert Job.objects.get(pk=job.pk).params_hash == hashed

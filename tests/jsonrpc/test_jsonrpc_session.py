@@ -196,11 +196,12 @@ def test_cancel_request_of_a_call_being_started_answers_only_the_request() -> No
     [cancel] = feed(session, frame("$/cancel_request", {"requestId": 7}))
     assert isinstance(cancel, CancelStart)
     assert cancel.call_id == "c-7"
-    [answer] = messages(session.start_cancelled(cancel))
+    # Won: answered once the call's row is written (settled cancelled, delivered).
+    assert session.start_ticket(cancel, won=True) == []
+    [answer] = messages(session.call_started(record("c-7", 7)))
     assert answer["id"] == 7
     assert answer["error"]["code"] == -32800
     assert answer["error"]["data"]["details"] == {"source": "agent"}
-    assert session.call_started(record("c-7", 7)) == []
     # The id is free again.
     started(session, 7, "c-8", "job-8")
 

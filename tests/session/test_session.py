@@ -45,6 +45,7 @@ from capabilities.protocol import (
     replies,
     responses,
 )
+from capabilities.protocol.call_digest import call_digest
 from capabilities.session.actions import (
     Action,
     AnnounceTakeover,
@@ -78,7 +79,6 @@ from capabilities.session.machine import (
     TAKEN_OVER_CLOSE_CODE,
     Claimed,
     ConnectionState,
-    InFlight,
     Session,
 )
 
@@ -215,6 +215,14 @@ def start(
     return session.call_started(
         record(call_id, job_id=job_id, request_id=request_id, progress_token=progress_token)
     )
+
+
+def replayed(session: Session) -> list[Action]:
+    """Every held event that may go now, handled in order (as the shell does)."""
+    actions: list[Action] = []
+    while (held := session.replay()) is not None:
+        actions += held
+    return actions
 
 
 def succeeded(call_id: str) -> dict[str, Any]:
@@ -540,6 +548,9 @@ def test_call_starts_with_everything_the_agent_sent() -> None:
             call_id="c-9",
             capability="process.image",
             params={"image": {"content": "AA=="}, "operations": []},
+            params_hash=call_digest(
+                "process.image", {"image": {"content": "AA=="}, "operations": []}
+            ),
             timeout_ms=5000,
             progress_token=42,
             notify_started=False,
@@ -576,14 +587,10 @@ def test_a_started_call_is_in_flight_with_a_timer_for_what_is_left_of_its_deadli
     assert session.call_started(replace(started, seconds_left=4.5)) == [
         StartTimer(call_id="c-1", seconds=4.5)
     ]
-    assert session.in_flight("c-1") == InFlight(
-        call_id="c-1",
-        request_id="req-3",
-        job_id="job-3",
-        progress_token="tok",
-        started=100.0,
-        own=True,
-    )
+    held = session.in_flight("c-1")
+    assert held is not None
+    assert (held.call_id, held.request_id, held.job_id) == ("c-1", "req-3", "job-3")
+    assert (held.progress_token, held.started, held.own) == ("tok", 100.0, True)
     # A deadline already past times out at once.
     session.receive(call("c-2"))
     assert session.call_started(replace(started, call_id="c-2", seconds_left=-3.0)) == [
@@ -626,7 +633,11 @@ def test_call_of_an_unknown_capability_without_call_id_carries_the_generated_one
 def test_call_id_already_in_flight_is_invalid_params() -> None:
     session = open_session()
     start(session, "c-1")
-    reply = sent(session.receive(call("c-1", message_id="dup")))
+    other = CallRequest(
+        id="dup", capability="export.pdf", params={"html": "<p>y</p>"},
+        options=CallOptions(call_id="c-1"),
+    )  # fmt: skip
+    reply = sent(session.receive(other))
     assert reply["type"] == "capabilities/call-result"
     assert reply["id"] == "dup"
     assert reply["payload"]["success"] is False
@@ -869,13 +880,16 @@ def test_a_cancel_overtaking_its_call_asks_to_cancel_the_start() -> None:
     assert session.receive(message) == [CancelStart(call_id="c-1", reason="stop", message=message)]
 
 
-def test_a_start_cancelled_in_time_answers_the_cancel_then_the_call_and_nothing_after() -> None:
+def test_a_start_cancelled_in_time_is_answered_once_its_cancelled_row_is_written() -> None:
     session = open_session(NOTIFICATIONS)
     [action] = session.receive(call("c-1", message_id="r-1"))
     assert isinstance(action, StartCall)
     [cancel] = session.receive(CancelRequest(id="k-1", call_id="c-1"))
     assert isinstance(cancel, CancelStart)
-    actions = session.start_cancelled(cancel)
+    # Won: nothing is said until the row is written (settled cancelled, delivered).
+    assert session.start_ticket(cancel, won=True) == []
+    assert session.receive(CancelRequest(id="k-2", call_id="c-1")) == []  # held
+    actions = session.call_started(record("c-1", request_id="r-1", status="cancelled"))
     assert [envelope(a)["type"] for a in actions] == [
         "capabilities/cancel-result",
         "notification",
@@ -884,25 +898,79 @@ def test_a_start_cancelled_in_time_answers_the_cancel_then_the_call_and_nothing_
     assert envelope(actions[0])["payload"] == {"callId": "c-1", "cancelled": True}
     assert envelope(actions[2])["id"] == "r-1"
     assert envelope(actions[2])["payload"] == responses.cancelled("c-1", "agent", 0)
-    # Nothing to stop: the job is written settled. Its start, or its refusal, says nothing.
-    assert session.call_started(record("c-1", request_id="r-1")) == []
-    refused = WireError(code=ErrorCode.INVALID_PARAMS, message="html is required.")
-    assert session.call_refused(action, refused) == []
     assert session.in_flight("c-1") is None
-    assert session.start_cancelled(cancel) == []
+    # The second cancel goes now, and finds the call in the database.
+    [look_up] = session.replay() or []
+    assert look_up == LookUp(call_id="c-1", then=CancelFound(request_id="k-2", reason=""))
+    assert session.replay() is None
+
+
+def test_a_start_cancelled_in_time_but_refused_says_so_to_both() -> None:
+    session = open_session()
+    [action] = session.receive(call("c-1", message_id="r-1"))
+    assert isinstance(action, StartCall)
+    [cancel] = session.receive(CancelRequest(id="k-1", call_id="c-1"))
+    assert isinstance(cancel, CancelStart)
+    session.start_ticket(cancel, won=True)
+    refused = WireError(code=ErrorCode.INVALID_PARAMS, message="html is required.")
+    result, reply = session.call_refused(action, refused)
+    assert_error(envelope(result)["payload"], "INVALID_PARAMS")
+    assert envelope(reply)["payload"] == {
+        "callId": "c-1", "cancelled": False, "reason": replies.ALREADY_COMPLETED,
+    }  # fmt: skip
+    assert session.call_started(record("c-1", request_id="r-1")) == []  # over
+
+
+def test_a_cancel_that_lost_the_start_waits_for_the_row_then_settles() -> None:
+    session = open_session()
+    [action] = session.receive(call("c-1", message_id="r-1"))
+    assert isinstance(action, StartCall)
+    message = CancelRequest(id="k-1", call_id="c-1")
+    [cancel] = session.receive(message)
+    assert isinstance(cancel, CancelStart)
+    assert session.start_ticket(cancel, won=False) == []
+    # Everything about the call waits for its row, and frames stay behind the cancel.
+    assert session.job_started("c-1") == []
+    assert session.receive(call("c-2", message_id="r-2")) == []
+    assert session.replay() is None
+    assert session.call_started(record("c-1", request_id="r-1")) == [
+        StartTimer(call_id="c-1", seconds=30.0)
+    ]
+    settle, start_c2 = replayed(session)  # the note says nothing: no notifications asked
+    assert isinstance(settle, SettleCancels)
+    assert settle.request_id == "k-1"
+    assert isinstance(start_c2, StartCall)
+    assert start_c2.call_id == "c-2"
+
+
+def test_a_cancel_that_won_a_copy_of_a_call_another_copy_wrote_cancels_that_call() -> None:
+    session = open_session()
+    [action] = session.receive(call("c-1", message_id="r-1"))
+    assert isinstance(action, StartCall)
+    [cancel] = session.receive(CancelRequest(id="k-1", call_id="c-1"))
+    assert isinstance(cancel, CancelStart)
+    session.start_ticket(cancel, won=True)
+    written = record("c-1", job_id="job-7", request_id="r-0")  # by the old connection
+    assert session.call_adopted(action, written) == [StartTimer(call_id="c-1", seconds=30.0)]
+    [settle] = session.replay() or []
+    assert isinstance(settle, SettleCancels)
+    assert settle.job_ids == ("job-7",)
+    assert settle.request_id == "k-1"
 
 
 def test_a_call_being_started_holds_its_call_id_and_its_place_in_the_queue() -> None:
     session = open_session(limits=Limits(max_queued_calls=1))
     [action] = session.receive(call("c-1"))
     assert isinstance(action, StartCall)
-    again = sent(session.receive(call("c-1", message_id="r-2")))
-    assert_error(again["payload"], "INVALID_PARAMS")
-    other = sent(session.receive(call("c-2", message_id="r-3")))
-    assert_error(other["payload"], "RATE_LIMITED", retryable=True)
-    # Refused by the call service: both are free again.
+    # The same callId waits for the start, and the next call behind it.
+    assert session.receive(call("c-1", message_id="r-2")) == []
+    assert session.receive(call("c-2", message_id="r-3")) == []
+    # Refused by the call service: the held call goes, and takes the only place.
     session.call_refused(action, WireError(code=ErrorCode.INVALID_PARAMS, message="no"))
-    assert isinstance(session.receive(call("c-1", message_id="r-4"))[0], StartCall)
+    again, other = replayed(session)
+    assert isinstance(again, StartCall)
+    assert again.request_id == "r-2"
+    assert_error(envelope(other)["payload"], "RATE_LIMITED", retryable=True)
 
 
 def test_a_lost_cancel_says_what_the_call_ended_as_and_delivers_it() -> None:
@@ -1238,11 +1306,10 @@ def test_a_resume_lists_the_calls_it_holds_and_answers_awaited_ones_again() -> N
     assert session.in_flight("c3") is None
 
 
-def test_a_result_answered_again_then_given_back_by_its_old_connection_is_not_sent_twice() -> None:
-    # The soak's duplicate answers: the old connection claimed the result and wrote it
-    # to its dead socket; the resume answered it again (delivered, so no claim); then
-    # the old connection gave the result back, and its note made this one send it once
-    # more. Now it is claimed here, and nothing is sent.
+def test_a_result_answered_again_is_not_sent_twice_when_found_again() -> None:
+    # The old connection claimed the result and wrote it to its dead socket; the resume
+    # answered it again and claimed it for its own generation (fenced claims). A note
+    # that finds it again adopts it only to lose the claim: nothing is sent twice.
     session = connected(limits=Limits(resumable=True))
     resume = ResumeRequest(session_id="s-9", token="tok", awaiting=("c3",))
     [action] = session.receive(Initialize(id="r", resume=resume))
@@ -1255,21 +1322,16 @@ def test_a_result_answered_again_then_given_back_by_its_old_connection_is_not_se
     assert sum(isinstance(a, Send) and "call-result" in a.text for a in actions) == 1
     [look_up] = session.job_returned("j3")
     assert isinstance(look_up, LookUp)
-    given_back = replace(answered, delivered=False)
+    assert session.found(look_up, answered) == []  # delivered: not this one's to send
     claim = ClaimResult(call_id="c3", job_id="j3", response=None)
-    assert session.found(look_up, given_back) == [claim]
-    assert session.result_claimed(claim, response) == []  # claimed, not sent
+    assert session.found(look_up, replace(answered, delivered=False)) == [claim]
+    assert session.result_claimed(claim, DELIVERED_ELSEWHERE) == [StopTimer(call_id="c3")]
     assert session.in_flight("c3") is None
-    # Given back once more (its claim lost to a crash), it is delivered as any call.
-    [again] = session.found(look_up, given_back)
-    assert again == claim
-    assert [type(a) for a in session.result_claimed(claim, response)] == [StopTimer, Send]
 
 
 def test_a_call_read_unanswered_then_answered_by_a_lingering_connection_is_sent_once() -> None:
-    # The soak's duplicate of 17:02: the resume read the call unanswered, the old
-    # connection claimed it (and was to give it back) before `again` was read, so the
-    # resume had it twice. Sent once, as an answer again, and claimed without sending.
+    # The resume read the call unanswered, and the old connection claimed it before
+    # `again` was read, so the resume has it twice: it is sent once, as an answer again.
     session = connected(limits=Limits(resumable=True))
     resume = ResumeRequest(session_id="s-9", token="tok", awaiting=("c3",))
     [action] = session.receive(Initialize(id="r", resume=resume))
@@ -1283,11 +1345,8 @@ def test_a_call_read_unanswered_then_answered_by_a_lingering_connection_is_sent_
     )  # fmt: skip
     assert envelope(actions[1])["payload"]["heldCalls"] == ["c3"]
     assert sum(isinstance(a, Send) and "call-result" in a.text for a in actions) == 1
-    claim = ClaimResult(call_id="c3", job_id="j3", response=None)
-    assert actions[-1] == claim
+    assert not any(isinstance(a, ClaimResult) for a in actions)
     assert session.in_flight("c3") is None
-    # Given back, the claim is won here: nothing more is sent.
-    assert session.result_claimed(claim, response) == []
 
 
 def test_a_fresh_initialize_result_has_no_held_calls() -> None:
@@ -1297,45 +1356,56 @@ def test_a_fresh_initialize_result_has_no_held_calls() -> None:
     assert "heldCalls" not in sent(session.opened(action))["payload"]
 
 
-def test_a_resent_call_the_session_holds_is_neither_run_nor_refused() -> None:
+def test_the_same_call_again_is_that_call_and_another_call_with_its_id_is_refused() -> None:
     session = open_session()
     start(session, "c1")
     assert session.receive(call("c1", resent=True)) == []
+    assert session.receive(call("c1")) == []  # resent or not: the same request again
+    # Another request of this connection reusing the callId is a mistake, refused.
+    assert_error(sent(session.receive(call("c1", message_id="req-9")))["payload"], "INVALID_PARAMS")
     [starting] = session.receive(call("c2", message_id="req-2"))
-    assert session.receive(call("c2", message_id="req-2", resent=True)) == []
     assert isinstance(starting, StartCall)
-    # Not resent: the same callId is a mistake, and refused as one.
-    assert_error(sent(session.receive(call("c1")))["payload"], "INVALID_PARAMS")
+    assert session.receive(call("c2", message_id="req-2", resent=True)) == []  # held
+    session.call_started(record("c2", job_id="job-2", request_id="req-2"))
+    assert session.replay() == []  # then dropped: that call, answered once
+    other = CallRequest(
+        id="req-3", capability="export.pdf", params={"html": "other"},
+        options=CallOptions(call_id="c1"),
+    )  # fmt: skip
+    assert_error(sent(session.receive(other))["payload"], "INVALID_PARAMS")
 
 
-def test_a_resent_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
+def test_a_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
     session = open_session()
     [action] = session.receive(call("c1", resent=True))
     assert isinstance(action, StartCall)
-    assert action.resent is True
     # The first copy, brought in by the old socket, wrote its row meanwhile.
-    assert session.resent_call_held(action) == [LookUp(call_id="c1", then=DeliverFound())]
-    found = session.found(LookUp(call_id="c1", then=DeliverFound()), record("c1"))
-    assert found == [
-        StartTimer(call_id="c1", seconds=30.0),
-        ClaimResult(call_id="c1", job_id="job-1", response=None),  # answered once it settles
+    written = record("c1", request_id="req-0", status="succeeded")
+    assert session.call_adopted(action, written) == [
+        ClaimResult(call_id="c1", job_id="job-1", response=None)
     ]
-    assert session.in_flight("c1") is not None
+    held = session.in_flight("c1")
+    assert held is not None
+    assert (held.request_id, held.own) == ("req-0", False)  # answered as its first copy
+    # Answered already, it is over: the same call, answered once.
+    [action] = session.receive(call("c2", message_id="req-2"))
+    assert isinstance(action, StartCall)
+    answered = record("c2", job_id="job-2", request_id="req-2", delivered=True)
+    assert session.call_adopted(action, answered) == []
+    assert session.in_flight("c2") is None
+    # Answered, and asked again by another request: a reused callId.
+    [action] = session.receive(call("c2", message_id="req-3"))
+    assert isinstance(action, StartCall)
+    reply = sent(session.call_adopted(action, answered))
+    assert reply["id"] == "req-3"
+    assert_error(reply["payload"], "INVALID_PARAMS")
 
 
-def test_a_cancel_never_overtakes_a_resent_calls_start() -> None:
-    # Its first copy may have a row already, from the old connection: a cancel that won
-    # before the re-sent copy's row would answer for a call that still runs.
+def test_a_cancel_of_any_call_being_started_tries_its_start() -> None:
     session = open_session()
     session.receive(call("c1", resent=True))
-    session.receive(call("c2", message_id="req-2"))
     by_call = CancelRequest(id="k-1", call_id="c1")
-    assert session.receive(by_call) == [
-        CancelStart(call_id="c1", reason="", message=by_call, overtakes=False)
-    ]
-    [other] = session.receive(CancelRequest(id="k-2", call_id="c2"))
-    assert isinstance(other, CancelStart)
-    assert other.overtakes is True
+    assert session.receive(by_call) == [CancelStart(call_id="c1", reason="", message=by_call)]
 
 
 def test_taking_over_a_held_session_tells_its_old_connection_first() -> None:
@@ -1373,9 +1443,12 @@ def test_a_superseded_connection_lets_go_and_closes() -> None:
     assert isinstance(session.receive(call("c-2"))[0], StartCall)
     assert session.job_settled("c-1", None) == []
     assert session.job_returned("job-1") == []
-    # An older announcement changes nothing; neither does the disconnect.
+    # An older announcement changes nothing; neither does the disconnect, once c-2's
+    # start has reported (it waits for that).
     assert session.superseded(0) == []
-    assert session.disconnected(4409) == [StopTimers()]
+    assert session.disconnected(4409) == []
+    session.call_started(record("c-2", job_id="job-2"))
+    assert replayed(session) == [StopTimers()]
 
 
 def test_revoking_the_key_before_initialize_refuses_the_connection() -> None:
@@ -1706,13 +1779,14 @@ class StoredJob:
     status: str = "queued"
     delivered: bool = False
     response: dict[str, Any] | None = None
+    digest: str = ""
 
     @property
     def active(self) -> bool:
         return self.status in ACTIVE
 
     def record(self) -> CallRecord:
-        return record(
+        stored = record(
             self.call_id,
             job_id=self.job_id,
             request_id=self.request_id,
@@ -1720,6 +1794,7 @@ class StoredJob:
             delivered=self.delivered,
             progress_token="p",
         )
+        return replace(stored, params_hash=self.digest)
 
 
 @dataclass(frozen=True)
@@ -1850,11 +1925,17 @@ class ShellWorld(RuleBasedStateMachine):
         conn = self.pick(data, self.live())
         request_id = self.request_id()
         state, session_id = conn.session.state, conn.session.session_id
-        held = {job.call_id for job in self.held(conn)}
-        used = session_id is not None and self.job_of(session_id, call_id or "") is not None
+        held = {job.call_id: job for job in self.held(conn)}
+        stored = self.job_of(session_id, call_id or "") if session_id is not None else None
+        digest = call_digest(capability, {})
+        same_call = stored is not None and stored.digest == digest
+        in_flight = conn.session.in_flight(call_id or "")
+        adopted_here = in_flight is not None and not in_flight.own
         limit = self.limits.max_queued_calls
         expected = (
-            "INVALID_PARAMS"
+            "SAME_CALL"  # a call this connection adopted, re-sent: answered once
+            if same_call and call_id in held and adopted_here
+            else "INVALID_PARAMS"
             if call_id in held
             else "UNKNOWN_CAPABILITY"
             if capability not in NAMES
@@ -1862,8 +1943,10 @@ class ShellWorld(RuleBasedStateMachine):
             if timeout_ms is not None and timeout_ms > MAX_TIMEOUT_MS
             else "RATE_LIMITED"
             if limit is not None and len(held) >= limit
-            else "INVALID_PARAMS"  # the call service's: a callId is used once per session
-            if used
+            else "SAME_CALL"  # the call service's: that call, written and not answered yet
+            if same_call and stored is not None and not stored.delivered
+            else "INVALID_PARAMS"  # the call service's: another call with a used callId
+            if stored is not None
             else None
         )
         message = CallRequest(
@@ -1883,6 +1966,9 @@ class ShellWorld(RuleBasedStateMachine):
         if expected is None:
             assert replies_ == []
             assert request_id in self.by_request
+        elif expected == "SAME_CALL":
+            assert replies_ == []
+            assert request_id not in self.by_request
         else:
             [reply] = replies_
             assert reply["type"] == "capabilities/call-result"
@@ -2332,7 +2418,10 @@ class ShellWorld(RuleBasedStateMachine):
     def start_call(self, conn: Connection, action: StartCall) -> list[Action]:
         session_id = conn.session.session_id
         assert session_id is not None
-        if self.job_of(session_id, action.call_id) is not None:
+        stored = self.job_of(session_id, action.call_id)
+        if stored is not None and stored.digest == action.params_hash:
+            return conn.session.call_adopted(action, stored.record())
+        if stored is not None:
             error = WireError(code=ErrorCode.INVALID_PARAMS, message="callId already used.")
             return conn.session.call_refused(action, error)
         job = StoredJob(
@@ -2340,6 +2429,7 @@ class ShellWorld(RuleBasedStateMachine):
             session_id=session_id,
             call_id=action.call_id,
             request_id=action.stored_request_id,
+            digest=action.params_hash,
         )
         self.jobs[job.job_id] = self.by_request[job.request_id] = job
         return conn.session.call_started(job.record())

@@ -513,19 +513,22 @@ async def call_then_cancel(key: str, held: HeldStart) -> tuple[Agent, str, str, 
     return agent, session_id, call_message, cancel_message
 
 
-def test_a_cancel_is_answered_while_its_calls_job_is_still_being_written(key: str) -> None:
+def test_a_cancel_that_wins_the_start_is_answered_once_the_cancelled_row_is_written(
+    key: str,
+) -> None:
     held = HeldStart(before_row=True)
 
     async def scenario() -> None:
         with Seams() as seams, mock.patch("capabilities.calls.budgets.create_job", held):
             agent, session_id, call_message, cancel_message = await call_then_cancel(key, held)
-            # Both answers, with the database thread still held.
+            # The cancel won the start, but nothing is said before the row exists.
+            await agent.nothing_more()
+            held.release.set()
             cancel_reply = await agent.reply_to(cancel_message)
             assert cancel_reply["payload"] == {"callId": "c-1", "cancelled": True}
             result = await agent.reply_to(call_message)
             assert result["payload"]["error"]["code"] == "CANCELLED"
             assert result["payload"]["error"]["details"] == {"source": "agent"}
-            held.release.set()
             await agent.nothing_more()
             await agent.disconnect()
             stored = await job_of(session_id, "c-1")
@@ -674,10 +677,11 @@ def test_a_second_cancel_of_a_call_cancelled_before_its_row_finds_the_row(key: s
             # c-1's row waits for the database thread, behind c-0's.
             await send_call(agent, "c-1")
             first = await agent.send("capabilities/cancel", {"callId": "c-1"})
-            answered = {(await agent.receive())["type"] for _ in range(2)}
-            assert answered == {"capabilities/cancel-result", "capabilities/call-result"}
             second = await agent.send("capabilities/cancel", {"callId": "c-1"})
             held.release.set()
+            # The first cancel won c-1's start: both answered once its row is written.
+            assert (await agent.reply_to(first))["payload"] == {"callId": "c-1", "cancelled": True}
+            assert (await agent.receive())["type"] == "capabilities/call-result"
             again = (await agent.reply_to(second))["payload"]
             # Not "not found": the session let the call go, and its row is read once
             # written, cancelled already.
