@@ -15,4 +15,6 @@ def call_digest(capability: str, params: dict[str, Any]) -> str:
         separators=(",", ":"),
         ensure_ascii=False,
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    # Text the database cannot hold (a lone surrogate) still has a digest: the start
+    # refuses it, with its reason, after the digest is taken.
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
