@@ -178,7 +178,11 @@ class Call:
     own: bool = True
     """Asked on this connection (not adopted from another of the session's)."""
     digest: str = ""
-    """Its capability and params' digest: a frame with its callId and this digest is it."""
+    """Its capability and params' digest: a re-sent frame with its callId and this
+    digest is this call."""
+    resent: bool = False
+    """Its frame was marked re-sent (after a resume): it may be a copy of a call the
+    session holds already, which it then adopts."""
     job_id: str = ""
     progress_token: str | int | None = None
     started: float = 0.0

@@ -486,12 +486,12 @@ class Session:
     def _call(self, message: CallRequest) -> list[Action]:
         call_id = message.options.call_id or self._new_id()
         digest = call_digest(message.capability, message.params)
+        resent = message.options.resent and message.options.call_id is not None
         held = self.calls.get(call_id)
         if held is not None:  # in flight here: its phase holds a call frame otherwise
             self.calls.on(held, Event.ASKED)
-            same_request = not held.own or held.stored_request_id == self._wire.store_id(message.id)
-            if held.digest == digest and same_request:
-                return []  # that very call again (re-sent after a resume): answered once
+            if resent and held.digest == digest:
+                return []  # that very call, sent again after a resume: answered once
             running = WireError(
                 code=ErrorCode.INVALID_PARAMS,
                 message=f"callId {call_id!r} is already running in this session.",
@@ -519,6 +519,7 @@ class Session:
                 stored_request_id=start.stored_request_id,
                 phase=Phase.STARTING,
                 digest=digest,
+                resent=resent,
             )
         )
         return [start]
@@ -555,7 +556,14 @@ class Session:
 
     def call_adopted(self, action: StartCall, call: CallRecord) -> list[Action]:
         """The start found this very call's row (the same callId and call), written by
-        another copy of its frame: the call is that one, never run twice."""
+        another copy of its frame: a re-sent call is that one, never run twice; one not
+        marked re-sent reuses a callId (docs/protocol.md)."""
+        held = self.calls.get(action.call_id)
+        if held is not None and not held.resent and held.phase in STARTS:
+            if held.won_by is not None:  # it cancels the call that holds the callId
+                self._hold_first(held.won_by)
+                held.won_by = None
+            return self._start_reported(action.call_id, Event.REFUSED, error=_used(held))
         return self._start_reported(action.call_id, Event.ADOPTED, record=call)
 
     def call_refused(self, action: StartCall, error: WireError) -> list[Action]:
@@ -610,14 +618,10 @@ class Session:
         """The call's row is there: time the call, and deliver it if it settled already."""
         call.job_id, call.progress_token = record.job_id, record.progress_token
         call.started = self._clock() - record.age_seconds
-        asked_again = record.request_id != call.stored_request_id  # adopted, not written
-        if record.delivered:  # that call was answered already, once
+        if record.delivered:  # adopted, and answered already: that call, answered once
             self.calls.on(call, Event.ANSWERED)
-            if not asked_again:
-                return []
-            # By another request: a reused callId, whatever it asks.
-            return [Send(text=self._wire.call_error(call.request_id, call.call_id, _used(call)))]
-        if asked_again:  # a copy another connection brought in: answered as that one
+            return []
+        if record.request_id != call.stored_request_id:  # adopted: answered as first asked
             call.request_id, call.own = self._wire.load_id(record.request_id), False
         if record.active:
             return [StartTimer(call_id=call.call_id, seconds=max(0.0, record.seconds_left))]

@@ -633,11 +633,7 @@ def test_call_of_an_unknown_capability_without_call_id_carries_the_generated_one
 def test_call_id_already_in_flight_is_invalid_params() -> None:
     session = open_session()
     start(session, "c-1")
-    other = CallRequest(
-        id="dup", capability="export.pdf", params={"html": "<p>y</p>"},
-        options=CallOptions(call_id="c-1"),
-    )  # fmt: skip
-    reply = sent(session.receive(other))
+    reply = sent(session.receive(call("c-1", message_id="dup")))
     assert reply["type"] == "capabilities/call-result"
     assert reply["id"] == "dup"
     assert reply["payload"]["success"] is False
@@ -945,7 +941,7 @@ def test_a_cancel_that_lost_the_start_waits_for_the_row_then_settles() -> None:
 
 def test_a_cancel_that_won_a_copy_of_a_call_another_copy_wrote_cancels_that_call() -> None:
     session = open_session()
-    [action] = session.receive(call("c-1", message_id="r-1"))
+    [action] = session.receive(call("c-1", message_id="r-1", resent=True))
     assert isinstance(action, StartCall)
     [cancel] = session.receive(CancelRequest(id="k-1", call_id="c-1"))
     assert isinstance(cancel, CancelStart)
@@ -956,6 +952,19 @@ def test_a_cancel_that_won_a_copy_of_a_call_another_copy_wrote_cancels_that_call
     assert isinstance(settle, SettleCancels)
     assert settle.job_ids == ("job-7",)
     assert settle.request_id == "k-1"
+
+
+def test_a_cancel_that_won_a_reused_call_id_cancels_the_call_that_holds_it() -> None:
+    session = open_session()
+    [action] = session.receive(call("c-1", message_id="r-1"))
+    assert isinstance(action, StartCall)
+    [cancel] = session.receive(CancelRequest(id="k-1", call_id="c-1"))
+    assert isinstance(cancel, CancelStart)
+    session.start_ticket(cancel, won=True)
+    reply = sent(session.call_adopted(action, record("c-1", job_id="job-7", request_id="r-0")))
+    assert_error(reply["payload"], "INVALID_PARAMS")  # not resent: a reused callId
+    [look_up] = replayed(session)  # the cancel names the call that holds the callId
+    assert look_up == LookUp(call_id="c-1", then=CancelFound(request_id="k-1", reason=""))
 
 
 def test_a_call_being_started_holds_its_call_id_and_its_place_in_the_queue() -> None:
@@ -1356,26 +1365,26 @@ def test_a_fresh_initialize_result_has_no_held_calls() -> None:
     assert "heldCalls" not in sent(session.opened(action))["payload"]
 
 
-def test_the_same_call_again_is_that_call_and_another_call_with_its_id_is_refused() -> None:
+def test_a_resent_call_the_session_holds_is_neither_run_nor_refused() -> None:
     session = open_session()
     start(session, "c1")
     assert session.receive(call("c1", resent=True)) == []
-    assert session.receive(call("c1")) == []  # resent or not: the same request again
-    # Another request of this connection reusing the callId is a mistake, refused.
-    assert_error(sent(session.receive(call("c1", message_id="req-9")))["payload"], "INVALID_PARAMS")
     [starting] = session.receive(call("c2", message_id="req-2"))
     assert isinstance(starting, StartCall)
     assert session.receive(call("c2", message_id="req-2", resent=True)) == []  # held
     session.call_started(record("c2", job_id="job-2", request_id="req-2"))
-    assert session.replay() == []  # then dropped: that call, answered once
+    assert replayed(session) == []  # then dropped: that call, answered once
+    # Not resent: the same callId is a mistake, and refused as one.
+    assert_error(sent(session.receive(call("c1")))["payload"], "INVALID_PARAMS")
+    # Resent, but another call: refused too.
     other = CallRequest(
         id="req-3", capability="export.pdf", params={"html": "other"},
-        options=CallOptions(call_id="c1"),
+        options=CallOptions(call_id="c1", resent=True),
     )  # fmt: skip
     assert_error(sent(session.receive(other))["payload"], "INVALID_PARAMS")
 
 
-def test_a_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
+def test_a_resent_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
     session = open_session()
     [action] = session.receive(call("c1", resent=True))
     assert isinstance(action, StartCall)
@@ -1387,18 +1396,22 @@ def test_a_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
     held = session.in_flight("c1")
     assert held is not None
     assert (held.request_id, held.own) == ("req-0", False)  # answered as its first copy
-    # Answered already, it is over: the same call, answered once.
-    [action] = session.receive(call("c2", message_id="req-2"))
+    # Answered already, it is over: that call, answered once.
+    [action] = session.receive(call("c2", message_id="req-2", resent=True))
     assert isinstance(action, StartCall)
     answered = record("c2", job_id="job-2", request_id="req-2", delivered=True)
     assert session.call_adopted(action, answered) == []
     assert session.in_flight("c2") is None
-    # Answered, and asked again by another request: a reused callId.
-    [action] = session.receive(call("c2", message_id="req-3"))
+
+
+def test_a_call_not_marked_resent_whose_call_id_holds_the_same_call_is_refused() -> None:
+    session = open_session()
+    [action] = session.receive(call("c1", message_id="req-3"))
     assert isinstance(action, StartCall)
-    reply = sent(session.call_adopted(action, answered))
+    reply = sent(session.call_adopted(action, record("c1", request_id="req-0")))
     assert reply["id"] == "req-3"
     assert_error(reply["payload"], "INVALID_PARAMS")
+    assert session.in_flight("c1") is None
 
 
 def test_a_cancel_of_any_call_being_started_tries_its_start() -> None:
@@ -1918,9 +1931,15 @@ class ShellWorld(RuleBasedStateMachine):
         call_id=st.one_of(st.none(), st.sampled_from(CALL_IDS)),
         capability=st.sampled_from([NAMES[0], NAMES[1], "nope"]),
         timeout_ms=st.sampled_from([None, 1000, MAX_TIMEOUT_MS + 1]),
+        resent=st.booleans(),
     )
     def agent_calls(
-        self, data: st.DataObject, call_id: str | None, capability: str, timeout_ms: int | None
+        self,
+        data: st.DataObject,
+        call_id: str | None,
+        capability: str,
+        timeout_ms: int | None,
+        resent: bool,
     ) -> None:
         conn = self.pick(data, self.live())
         request_id = self.request_id()
@@ -1928,13 +1947,12 @@ class ShellWorld(RuleBasedStateMachine):
         held = {job.call_id: job for job in self.held(conn)}
         stored = self.job_of(session_id, call_id or "") if session_id is not None else None
         digest = call_digest(capability, {})
-        same_call = stored is not None and stored.digest == digest
-        in_flight = conn.session.in_flight(call_id or "")
-        adopted_here = in_flight is not None and not in_flight.own
+        same_call = resent and call_id is not None and stored is not None
+        same_call = same_call and stored is not None and stored.digest == digest
         limit = self.limits.max_queued_calls
         expected = (
-            "SAME_CALL"  # a call this connection adopted, re-sent: answered once
-            if same_call and call_id in held and adopted_here
+            "SAME_CALL"  # a call this connection holds, re-sent: answered once
+            if same_call and call_id in held
             else "INVALID_PARAMS"
             if call_id in held
             else "UNKNOWN_CAPABILITY"
@@ -1943,8 +1961,8 @@ class ShellWorld(RuleBasedStateMachine):
             if timeout_ms is not None and timeout_ms > MAX_TIMEOUT_MS
             else "RATE_LIMITED"
             if limit is not None and len(held) >= limit
-            else "SAME_CALL"  # the call service's: that call, written and not answered yet
-            if same_call and stored is not None and not stored.delivered
+            else "SAME_CALL"  # the call service's: that call, adopted
+            if same_call
             else "INVALID_PARAMS"  # the call service's: another call with a used callId
             if stored is not None
             else None
@@ -1952,7 +1970,9 @@ class ShellWorld(RuleBasedStateMachine):
         message = CallRequest(
             id=request_id,
             capability=capability,
-            options=CallOptions(call_id=call_id, timeout_ms=timeout_ms, progress_token="p"),
+            options=CallOptions(
+                call_id=call_id, timeout_ms=timeout_ms, progress_token="p", resent=resent
+            ),
         )
         self.feed(conn, "receive", lambda: conn.session.receive(message))
         replies_ = self.replies_to(request_id)
