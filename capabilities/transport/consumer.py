@@ -11,17 +11,10 @@ a cancel right behind the call is read at once (capabilities/calls/start_ticket.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar
-
-from autobahn.exception import Disconnected
-from channels.consumer import get_handler_name
-from channels.db import aclose_old_connections
-from channels.generic.websocket import AsyncWebsocketConsumer
 
 from capabilities.access import credentials
 from capabilities.calls import draining, manifest, start
@@ -42,19 +35,17 @@ from capabilities.transport import admission, availability_watch, takeover_notic
 from capabilities.transport.call_timers import Timers
 from capabilities.transport.session_groups import SessionGroups
 from capabilities.transport.session_io import SessionIO
+from capabilities.transport.websocket_base import WebsocketBase
 
 logger = logging.getLogger(__name__)
 
-# Django closes stale database connections before each request; a connection checks at
-# most this often (the database thread is the process's, shared by every connection).
-CONNECTION_CHECK_SECONDS = 1.0
 # RFC 6455's "Try Again Later": the server could not check the credential now.
 TRY_AGAIN_LATER = 1013
 # RFC 6455's "Service Restart": this instance is stopping, resume on another.
 SERVICE_RESTART = 1012
 
 
-class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
+class ABPConsumer(WebsocketBase):
     """One agent connection speaking the ABP envelope.
 
     The door's dialect is three class attributes: JSONRPCConsumer
@@ -86,9 +77,7 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.background = Background()
         self.tickets: dict[str, StartTicket] = {}
         self.order = StartOrder()
-        self.connections_checked_at = 0.0
         self.timers = Timers(self.background, self.on_timer)
-        self.closed = False  # the socket, as far as this process knows
         self.listening = SessionGroups(self.channel_layer, self.channel_name)
         if draining.is_draining():
             # This instance is stopping: the client resumes on another at once.
@@ -126,15 +115,6 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         await self.accept(subprotocol=credentials.selected_subprotocol(self.scope))
         await self.close(code=code)
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Channels' dispatch, without its hop to close stale database connections
-        before every message (a cancel would queue behind the call's insert): frames
-        other than cancels close them in `receive`, at most once a second."""
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
-
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # Frames over ABP_MAX_FRAME_BYTES never get here: Daphne closes with 1009.
         frame: str | bytes = text_data if text_data is not None else (bytes_data or b"")
@@ -147,13 +127,6 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if not isinstance(message, (CancelRequest, CancelPendingRequest)):
             await self.close_stale_connections()
         await self.handle(self.session.receive, message)
-
-    async def close_stale_connections(self) -> None:
-        """Django's per-request clean-up of database connections, at most once a second."""
-        now = time.monotonic()
-        if now - self.connections_checked_at >= CONNECTION_CHECK_SECONDS:
-            self.connections_checked_at = now
-            await aclose_old_connections()
 
     async def handle(self, event: Callable[..., list[do.Action]], *args: Any) -> None:
         """Hand one event to the session; perform its actions, then what it held back."""
@@ -250,27 +223,6 @@ class ABPConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 return False
             await self.perform(await self.io.settle_here(job, outcome, response))
             return True
-
-    async def send_frame(self, text: str) -> bool:
-        """Send a frame; False if the socket is gone.
-
-        A note can arrive after the socket closed and before Daphne delivers the
-        disconnect; the frame is dropped (the outcome stays in the DB).
-        """
-        if self.closed:
-            return False
-        try:
-            await self.send(text_data=text)
-        except (Disconnected, OSError):  # autobahn's, or the server's "closed" (asgi.py)
-            self.closed = True
-            return False
-        return True
-
-    async def close_socket(self, code: int) -> None:
-        if not self.closed:
-            self.closed = True
-            with contextlib.suppress(Disconnected):
-                await self.close(code=code)
 
     # -- notes from workers, the reaper, the admin, other connections ----------------
 
