@@ -634,12 +634,7 @@ class Session:
         if isinstance(call.won_by, CancelRequest):
             reply = self._wire.cancel_result(call.won_by.id, call.call_id, cancelled=True)
             actions.append(Send(text=reply))
-        result = responses.cancelled(call.call_id, "agent", 0)
-        return [
-            *actions,
-            *self._completed(call.call_id),
-            Send(text=self._wire.call_result(call.request_id, result, own=call.own)),
-        ]
+        return [*actions, *self._cancelled_answer(call, "agent", 0)]
 
     def _refuse_start(self, call: Call, error: WireError) -> list[Action]:
         actions: list[Action] = [
