@@ -109,7 +109,7 @@ class NotClaimed(Enum):
     """Why a call-result was not claimed for sending."""
 
     STILL_ACTIVE = "the job has not settled"
-    DELIVERED_ELSEWHERE = "already claimed, by this generation or a newer one"
+    DELIVERED_ELSEWHERE = "already claimed, by another connection or an earlier note"
 
 
 def claim_response(
@@ -124,7 +124,7 @@ def claim_response(
     `generation`, and the result to send.
 
     STILL_ACTIVE if the job has not settled; DELIVERED_ELSEWHERE if the result was
-    already claimed (by this generation or a newer one, or an earlier note).
+    already claimed (by another connection of the session, or an earlier note).
     `response`, when the worker's note carried it, saves reading the job.
     """
     if not lifecycle.claim_delivery(job_id, generation):

@@ -343,19 +343,21 @@ def record_stopped(
 
 def claim_delivery(job_id: uuid.UUID | str, generation: int = 0) -> bool:
     """Claim the sending of a settled job's result for a connection of session
-    `generation` (a fencing token); True for exactly one claimant per generation.
+    `generation` (its fencing token); True for exactly one claimant.
 
-    The claim is written where none is held, or where an older generation holds it:
-    a session resumed on another Daphne takes its results over from the old socket,
-    which may linger, and sends each once. Claimed before sending: a crash in between
-    would lose it, so a consumer that finds its socket gone gives its claim back
-    (`release_delivery`). Doors without generations (MCP) claim as 0: once.
+    The claim is written only where none is held: of two connections holding the
+    call a moment (a takeover whose old socket still reads), one sends. It records
+    its generation, so only its own connection gives it back (`release_delivery`),
+    and a resume that sends a result again takes its claim over in the transaction
+    that turns the token. Claimed before sending: a crash in between would lose it,
+    so a consumer that finds its socket gone gives its claim back. Doors without
+    generations (MCP) claim as 0.
     """
     return row_updates.update_if(
         job_id,
         SETTLED_STATUSES,
         {"delivered_at": timezone.now(), "delivered_generation": generation},
-        fence=generation,
+        where_null="delivered_at",
     )
 
 

@@ -1,6 +1,6 @@
 """Conditional single-row UPDATEs of jobs, as one SQL statement built from the model.
 
-The settle, the start and the (fenced) delivery claim of every job run here; the start also
+The settle, the start and the delivery claim of every job run here; the start also
 returns what the worker reads of its job, in the same statement (RETURNING), instead
 of a second query. `QuerySet.update()` builds the same statement in Python each
 time, at several times the cost of the statement itself, and in Daphne that Python
@@ -44,7 +44,6 @@ def _statement(
     stop_if: bool,
     where_null: str | None,
     *,
-    fenced: bool = False,
     fields: tuple[str, ...] = (),
     returning: bool = False,
     traced: bool = False,
@@ -59,9 +58,6 @@ def _statement(
     placeholders = ", ".join(["%s"] * statuses)
     only = f" AND {status} IN ({placeholders})" if statuses else ""
     also = f" AND {quoted_column(Job, where_null)} IS NULL" if where_null else ""
-    if fenced:
-        delivered = quoted_column(Job, "delivered_at")
-        also += f" AND ({delivered} IS NULL OR {quoted_column(Job, 'delivered_generation')} < %s)"
     returned = [f"{table}.{quoted_column(Job, name)}" for name in fields]
     if returning:
         returned.append(_event_columns(table))
@@ -138,19 +134,13 @@ def update_if(
     *,
     stop_if: tuple[str, datetime] | None = None,
     where_null: str | None = None,
-    fence: int | None = None,
 ) -> bool:
     """Write `values` if the job's status is one of `statuses`; True if a row changed.
 
     `stop_if=(status, when)` also sets stopped_at to `when` if the row was in `status`;
     `where_null` names a field that must also still be null. No `statuses`: any status.
-    `fence`: a session generation; the row must hold no delivery claim, or one of an
-    older generation (a fenced claim, `lifecycle.claim_delivery`).
     """
-    return (
-        _update(job_id, statuses, values, stop_if=stop_if, where_null=where_null, fence=fence)
-        is not None
-    )
+    return _update(job_id, statuses, values, stop_if=stop_if, where_null=where_null) is not None
 
 
 def update_returning(
@@ -196,7 +186,6 @@ def _update(
     fields: tuple[str, ...] = (),
     stop_if: tuple[str, datetime] | None = None,
     where_null: str | None = None,
-    fence: int | None = None,
 ) -> tuple[Any, ...] | None:
     """Run the update; None if no row changed, else the returned `fields`' values."""
     columns = tuple(values)
@@ -205,8 +194,6 @@ def _update(
         params += [stop_if[0], _field("stopped_at").get_db_prep_save(stop_if[1], connection)]
     params.append(Job._meta.pk.get_db_prep_save(uuid.UUID(str(job_id)), connection))
     params += list(statuses)
-    if fence is not None:
-        params.append(fence)
     event = _event_of(values, where_null) if events.enabled() else None
     span = _span_of(values) if tracing.enabled() else None
     began = tracing.started() if span is not None else 0
@@ -216,7 +203,6 @@ def _update(
         len(statuses),
         stop_if is not None,
         where_null,
-        fenced=fence is not None,
         fields=fields,
         returning=event is not None,
         traced=span is not None,

@@ -146,7 +146,10 @@ def test_the_same_call_again_is_held_and_another_under_its_id_is_refused(
     assert again.job.params == {"markdown": "# x"}
     assert type(other) is start.CallIdTaken
     assert other.error.message == "callId 'c-1' was already used in this session."
-    assert rows(session_id) == [("c-1", JobStatus.QUEUED)]
+    # One row, the first copy's, running its course (a worker of the stack may run it).
+    [(call_id, status)] = rows(session_id)
+    assert call_id == "c-1"
+    assert status != JobStatus.CANCELLED
 
 
 def test_a_held_call_is_a_refusal_to_a_door_that_never_reuses_ids(
@@ -174,7 +177,10 @@ def test_a_start_its_cancel_won_finds_the_same_call_held(who: Principal, session
     assert isinstance(again, start.CallIdHeld)
     assert again.job.pk == first.pk
     assert type(other) is start.CallIdTaken
-    assert rows(session_id) == [("c-1", JobStatus.QUEUED)]
+    # One row, the first copy's, running its course (a worker of the stack may run it).
+    [(call_id, status)] = rows(session_id)
+    assert call_id == "c-1"
+    assert status != JobStatus.CANCELLED
 
 
 def test_a_row_written_cancelled_claims_for_its_generation(who: Principal, session_id: str) -> None:

@@ -1,8 +1,9 @@
 """Fenced delivery claims: a claim carries its connection's session generation.
 
-A claim is written where none is held, or where an older generation holds it; a
-release clears only its own generation's claim, and announces only what it gave
-back. Against the run's database (SQLite, or PostgreSQL with ABP_TEST_DATABASE).
+A claim is written only where none is held, and records its generation; a release
+clears only its own generation's claim, and announces only what it gave back; a
+resume takes over the claims of the results it sends again. Against the run's
+database (SQLite, or PostgreSQL with ABP_TEST_DATABASE).
 """
 
 from __future__ import annotations
@@ -51,22 +52,21 @@ def claim_of(job: Job) -> tuple[bool, int | None]:
     return row.delivered_at is not None, row.delivered_generation
 
 
-def test_a_newer_generation_takes_a_claim_over_and_the_older_cannot_give_it_back(
+def test_a_claim_is_held_once_and_only_its_own_generation_gives_it_back(
     returned: list[tuple[str, dict[str, Any]]],
 ) -> None:
     job = new_job()
     assert lifecycle.claim_delivery(job.id, 3)
     assert claim_of(job) == (True, 3)
-    assert not lifecycle.claim_delivery(job.id, 3)  # once per generation
-    assert lifecycle.claim_delivery(job.id, 4)  # a resume's connection takes it over
-    assert claim_of(job) == (True, 4)
-    assert not lifecycle.release_delivery(job.id, 3)  # no longer 3's: a no-op
-    assert claim_of(job) == (True, 4)
+    assert not lifecycle.claim_delivery(job.id, 3)  # once
+    assert not lifecycle.claim_delivery(job.id, 4)  # a takeover's socket does not send it again
+    assert not lifecycle.release_delivery(job.id, 4)  # not 4's: a no-op
+    assert claim_of(job) == (True, 3)
     assert returned == []
-    assert not lifecycle.claim_delivery(job.id, 3)  # an older one never takes it back
-    assert lifecycle.release_delivery(job.id, 4)
+    assert lifecycle.release_delivery(job.id, 3)
     assert claim_of(job) == (False, None)
     assert returned == [(str(job.session_id), notes.job_returned(str(job.id)))]
+    assert lifecycle.claim_delivery(job.id, 4)  # given back: the session's holder claims it
 
 
 def test_a_job_still_active_is_never_claimed() -> None:
@@ -104,7 +104,7 @@ def test_a_settle_or_cancel_that_claims_stamps_its_generation() -> None:
     assert won == {str(cancelled.id): True}
     assert claim_of(cancelled) == (True, 5)
     assert not lifecycle.claim_delivery(cancelled.id, 5)
-    assert lifecycle.claim_delivery(cancelled.id, 6)
+    assert not lifecycle.claim_delivery(cancelled.id, 6)
 
 
 def test_a_row_written_cancelled_is_claimed_for_its_generation() -> None:
@@ -133,7 +133,10 @@ def test_claim_response_claims_for_its_generation() -> None:
         session_records.claim_response(str(job.id), "", response, generation=1)
         is session_records.NotClaimed.DELIVERED_ELSEWHERE
     )
-    assert session_records.claim_response(str(job.id), "", response, generation=2) == response
+    assert (
+        session_records.claim_response(str(job.id), "", response, generation=2)
+        is session_records.NotClaimed.DELIVERED_ELSEWHERE
+    )
     active = new_job(settled=False)
     assert (
         session_records.claim_response(str(active.id), "", None, generation=2)
