@@ -39,12 +39,14 @@ def test_a_running_job_is_not_started_again(stack: Stack, agent: Agent) -> None:
 def test_settled_and_cancelled_jobs_never_run_again(stack: Stack, agent: Agent) -> None:
     done = agent.call("test.sleep", {"steps": 0}, call_id="finished")
     assert agent.result_of(done)["payload"]["success"] is True
-    queued = agent.call("test.sleep", {"steps": 0}, call_id="cancel-me", timeout_ms=60_000)
+    # Long enough that the cancel always lands before the job could finish.
+    queued = agent.call(
+        "test.sleep", {"steps": 200, "stepMs": 50}, call_id="cancel-me", timeout_ms=60_000
+    )
     agent.cancel("cancel-me")
     assert agent.result_of(queued)["payload"]["cancelled"] is True
     for call_id in ("finished", "cancel-me"):
-        # A cancel may be answered before the call's row is written (written cancelled).
-        job = eventually(Job.objects.filter(session_id=agent.session_id, call_id=call_id).first)
+        job = Job.objects.get(session_id=agent.session_id, call_id=call_id)
         settled_at = job.settled_at
         redeliver(job)
         eventually(partial(skipped, stack, str(job.id)))
