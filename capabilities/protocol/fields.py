@@ -49,29 +49,16 @@ class Fields:
 
     def objects(self, key: str) -> list[Fields]:
         """An array of objects, each read as fields; absent reads as empty."""
-        value = self.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise _wrong_type(self.where(key), "an array")
-        return [_object(item, f"{self.where(key)}[{index}]") for index, item in enumerate(value)]
+        return [_object(item, where) for where, item in self._items(key)]
 
     def texts(self, key: str) -> list[str]:
         """An array of strings every store can hold; absent reads as empty."""
-        value = self.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise _wrong_type(self.where(key), "an array")
-        for index, item in enumerate(value):
-            where = f"{self.where(key)}[{index}]"
+        texts: list[str] = []
+        for where, item in self._items(key):
             if not isinstance(item, str):
                 raise _wrong_type(where, "a string")
-            problem = unstorable(item)
-            if problem is not None:
-                message = f"'{where}' must not contain {problem}."
-                raise FieldError(ErrorCode.INVALID_PARAMS, message, where)
-        return value
+            texts.append(_storable(item, where))
+        return texts
 
     def string(self, key: str) -> str:
         """A required string."""
@@ -91,13 +78,7 @@ class Fields:
     def optional_text(self, key: str) -> str | None:
         """A string that every store can hold, or None."""
         value = self.optional_string(key)
-        problem = None if value is None else unstorable(value)
-        if problem is not None:
-            where = self.where(key)
-            raise FieldError(
-                ErrorCode.INVALID_PARAMS, f"'{where}' must not contain {problem}.", where
-            )
-        return value
+        return None if value is None else _storable(value, self.where(key))
 
     def boolean(self, key: str, default: bool) -> bool:
         """A boolean; `default` when absent."""
@@ -145,6 +126,15 @@ class Fields:
             message = f"'{where}' must be one of: {choices}."
             raise FieldError(ErrorCode.INVALID_PARAMS, message, where) from None
 
+    def _items(self, key: str) -> list[tuple[str, Any]]:
+        """An array's items, each with its path (`payload.list[2]`); absent reads as empty."""
+        value = self.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise _wrong_type(self.where(key), "an array")
+        return [(f"{self.where(key)}[{index}]", item) for index, item in enumerate(value)]
+
     def _required(self, key: str, value: _T | None, default: _T | None) -> _T:
         if value is not None:
             return value
@@ -158,6 +148,14 @@ def _object(value: Any, path: str) -> Fields:
     if not isinstance(value, dict):
         raise _wrong_type(path, "an object")
     return Fields(value, path)
+
+
+def _storable(text: str, path: str) -> str:
+    """`text`, if every store can hold it (no NUL, no lone surrogate)."""
+    problem = unstorable(text)
+    if problem is not None:
+        raise FieldError(ErrorCode.INVALID_PARAMS, f"'{path}' must not contain {problem}.", path)
+    return text
 
 
 def _wrong_type(path: str, what: str) -> FieldError:

@@ -179,8 +179,7 @@ def _woff_size(data: bytes, max_bytes: int) -> int:
         woffDirectoryFormat,
     )
 
-    header = _Header.unpack(woffDirectoryFormat, data)
-    tables, _ = _directory(data, header, woffDirectoryFormat, WOFFDirectoryEntry)
+    header, tables, _ = _directory(data, woffDirectoryFormat, WOFFDirectoryEntry)
     for entry in tables:
         _within(entry.origLength, max_bytes, f"WOFF font's {_tag(entry)} table")
     declared = max(header.sfnt_size, sum(entry.origLength for entry in tables))
@@ -200,8 +199,7 @@ def _woff2_size(data: bytes, max_bytes: int) -> int:
         woff2DirectoryFormat,
     )
 
-    header = _Header.unpack(woff2DirectoryFormat, data)
-    tables, end = _directory(data, header, woff2DirectoryFormat, WOFF2DirectoryEntry)
+    header, tables, end = _directory(data, woff2DirectoryFormat, WOFF2DirectoryEntry)
     for entry in tables:
         _within(entry.origLength, max_bytes, f"WOFF2 font's {_tag(entry)} table")
         # `length` is a transformed table's transformLength, else its origLength.
@@ -217,12 +215,11 @@ def _woff2_size(data: bytes, max_bytes: int) -> int:
     return size
 
 
-def _directory(
-    data: bytes, header: _Header, layout: str, entry_class: Any
-) -> tuple[list[Any], int]:
-    """The table directory's entries, read as fontTools' readers do, and where it ends."""
+def _directory(data: bytes, layout: str, entry_class: Any) -> tuple[_Header, list[Any], int]:
+    """The header, the directory's entries as fontTools' readers read them, and its end."""
     from fontTools.misc import sstruct
 
+    header = _Header.unpack(layout, data)
     source = io.BytesIO(data)
     source.seek(sstruct.calcsize(layout))
     tables: list[Any] = []
@@ -230,7 +227,7 @@ def _directory(
         entry = entry_class()
         entry.fromFile(source)
         tables.append(entry)
-    return tables, source.tell()
+    return header, tables, source.tell()
 
 
 class _Corrupt(Exception):
