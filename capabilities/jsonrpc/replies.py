@@ -11,6 +11,7 @@ from typing import Any
 
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.protocol import ErrorCode, RequestId, WireError
+from capabilities.protocol.replies import SessionOpened
 
 # ACP's protocol version this door speaks (its initialize, not ABP's).
 ACP_PROTOCOL_VERSION = 1
@@ -58,21 +59,15 @@ def notify(method: str, params: dict[str, Any]) -> str:
     return _encode({"method": method, "params": params})
 
 
-def initialize_result(
-    request_id: RequestId,
-    *,
-    session_id: str,
-    protocol_version: str,
-    app: dict[str, Any],
-    capabilities: list[dict[str, Any]],
-    features: dict[str, bool],
-    resume_token: str,
-    held_calls: list[str] | None = None,
-) -> str:
+def initialize_result(request_id: RequestId, opened: SessionOpened) -> str:
     """ACP's InitializeResponse; the jobs' capabilities and the session under `_meta`."""
-    meta: dict[str, Any] = {"abp/sessionId": session_id, "abp/resumeToken": resume_token}
-    if held_calls is not None:
-        meta["abp/heldCalls"] = held_calls
+    meta: dict[str, Any] = {
+        "abp/sessionId": opened.session_id,
+        "abp/resumeToken": opened.resume_token,
+    }
+    if opened.held_calls is not None:
+        meta["abp/heldCalls"] = opened.held_calls
+    app = opened.app
     return _result(
         request_id,
         {
@@ -82,9 +77,9 @@ def initialize_result(
                 "loadSession": False,
                 "_meta": {
                     "abp.jobs": {
-                        "protocolVersion": protocol_version,
-                        "capabilities": capabilities,
-                        "notifications": features["notifications"],
+                        "protocolVersion": opened.protocol_version,
+                        "capabilities": opened.capabilities,
+                        "notifications": opened.features["notifications"],
                     }
                 },
             },

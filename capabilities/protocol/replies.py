@@ -6,6 +6,7 @@ capabilities/jsonrpc/replies.py is the one for /abp/rpc.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from capabilities.protocol import ErrorCode, MessageType, RequestId, WireError, encode, responses
@@ -28,32 +29,40 @@ def load_id(stored: str) -> RequestId:
     return stored
 
 
-def initialize_result(
-    request_id: RequestId,
-    *,
-    session_id: str,
-    protocol_version: str,
-    app: dict[str, Any],
-    capabilities: list[dict[str, Any]],
-    features: dict[str, bool],
-    resume_token: str,
-    held_calls: list[str] | None = None,
-) -> str:
+@dataclass(frozen=True, kw_only=True)
+class SessionOpened:
+    """What a session says when it opens, whichever dialect writes it.
+
+    The session builds it once (capabilities/session/machine.py); each `Wire`
+    writes it as its own initialize reply.
+    """
+
+    session_id: str
+    protocol_version: str
+    app: dict[str, Any]
+    capabilities: list[dict[str, Any]]
+    features: dict[str, bool]
+    resume_token: str
+    held_calls: list[str] | None = None
+    """Set on a resume: the callIds the server holds that the agent may still wait on."""
+
+
+def initialize_result(request_id: RequestId, opened: SessionOpened) -> str:
     """`initialize-result`, with the token that resumes the session after a drop.
 
-    A resume's also lists `heldCalls`: the callIds the server holds that the agent may
-    still wait on (our extension, docs/protocol.md#resuming-a-session).
+    A resume's also lists `heldCalls` (our extension,
+    docs/protocol.md#resuming-a-session).
     """
     payload = {
-        "sessionId": session_id,
-        "protocolVersion": protocol_version,
-        "app": app,
-        "capabilities": capabilities,
-        "features": features,
-        "resumeToken": resume_token,
+        "sessionId": opened.session_id,
+        "protocolVersion": opened.protocol_version,
+        "app": opened.app,
+        "capabilities": opened.capabilities,
+        "features": opened.features,
+        "resumeToken": opened.resume_token,
     }
-    if held_calls is not None:
-        payload["heldCalls"] = held_calls
+    if opened.held_calls is not None:
+        payload["heldCalls"] = opened.held_calls
     return encode(MessageType.INITIALIZE_RESULT, payload, message_id=request_id)
 
 

@@ -449,8 +449,7 @@ class Session:
         assert message is not None
         self.state, self.session_id = ConnectionState.OPEN, session_id
         self.notifications = message.features.notifications
-        return self._wire.initialize_result(
-            message.id,
+        opened = replies.SessionOpened(
             session_id=session_id,
             protocol_version=PROTOCOL_VERSION,
             app=self._app,
@@ -463,6 +462,7 @@ class Session:
             resume_token=token,
             held_calls=held_calls,
         )
+        return self._wire.initialize_result(message.id, opened)
 
     def _capabilities(self, available: dict[str, bool]) -> list[dict[str, Any]]:
         """`[{name, available}]`: whether a live worker can run each capability now."""

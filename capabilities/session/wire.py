@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from capabilities.protocol import RequestId, WireError
+from capabilities.protocol.replies import SessionOpened
 
 
 class Wire(Protocol):
@@ -24,18 +25,7 @@ class Wire(Protocol):
     def load_id(self, stored: str) -> RequestId:
         """A stored request id, as it is answered."""
 
-    def initialize_result(
-        self,
-        request_id: RequestId,
-        *,
-        session_id: str,
-        protocol_version: str,
-        app: dict[str, Any],
-        capabilities: list[dict[str, Any]],
-        features: dict[str, bool],
-        resume_token: str,
-        held_calls: list[str] | None = None,
-    ) -> str:
+    def initialize_result(self, request_id: RequestId, opened: SessionOpened) -> str:
         """The session is open (or resumed; then with the callIds the server holds)."""
 
     def call_result(

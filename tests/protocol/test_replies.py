@@ -39,12 +39,14 @@ def test_initialize_result() -> None:
     envelope = parse(
         replies.initialize_result(
             "init-1",
-            session_id="s-1",
-            protocol_version="0.1",
-            app={"id": "app"},
-            capabilities=[{"name": "export.pdf", "available": True}],
-            features={"notifications": True, "progress": True, "elicitation": False},
-            resume_token="t0k",
+            replies.SessionOpened(
+                session_id="s-1",
+                protocol_version="0.1",
+                app={"id": "app"},
+                capabilities=[{"name": "export.pdf", "available": True}],
+                features={"notifications": True, "progress": True, "elicitation": False},
+                resume_token="t0k",
+            ),
         )
     )
     assert envelope["type"] == "initialize-result"
