@@ -9,46 +9,45 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from typing import Any
 
 from capabilities.protocol import (
-    AgentInfo,
     CallOptions,
     CallRequest,
     CancelPendingRequest,
-    CancelRequest,
     ErrorCode,
     Features,
     Initialize,
-    ListCapabilities,
     Message,
     ProtocolError,
     RequestId,
     Shutdown,
 )
 from capabilities.protocol.codec import (
+    MAX_ID_LENGTH,
+    Decoder,
+    agent_info_of,
+    body_of,
     call_id_of,
+    decode_cancel,
+    decode_list,
+    decode_shutdown,
+    parse_frame,
     progress_token_of,
+    refusing_bad_fields,
     resume_request_of,
     timeout_ms_of,
 )
-from capabilities.protocol.fields import FieldError, Fields
+from capabilities.protocol.fields import Fields
 from capabilities.protocol.text import unstorable
 
-# Ids are stored with their job: strings up to 200 characters, numbers up to 200 digits.
-MAX_ID_LENGTH = 200
 CANCEL_REQUEST = "$/cancel_request"
 SHUTDOWN = "_abp/shutdown"
 
 
 def decode(text: str | bytes) -> Message | None:
     """One frame's message; None to ignore it; ProtocolError (coded) to refuse it."""
-    try:
-        raw = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, TypeError, RecursionError) as exc:
-        # Only the class goes on the wire: JSON error texts may quote the input.
-        raise ProtocolError(ErrorCode.PARSE_ERROR, "Frame is not valid JSON.") from exc
+    raw = parse_frame(text)
     if isinstance(raw, list):
         raise ProtocolError(
             ErrorCode.INVALID_REQUEST, "Batches are not accepted: send one message per frame."
@@ -78,12 +77,11 @@ def decode(text: str | bytes) -> Message | None:
     return _request(request_id, method, raw.get("params"))
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _request_id(value: Any) -> RequestId | None:
-    """A usable id: a string every store can hold, or a finite number; short enough."""
+    """A usable id: a string every store can hold, or a finite number; short enough.
+
+    Ids are stored with their job: strings up to 200 characters, numbers up to 200 digits.
+    """
     if isinstance(value, str):
         return value if len(value) <= MAX_ID_LENGTH and not unstorable(value) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -113,26 +111,8 @@ def _request(request_id: RequestId, method: str, params: Any) -> Message:
             request_id=request_id,
             request_type=method[:80],
         )
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise ProtocolError(
-            ErrorCode.INVALID_PARAMS,
-            "'params' must be an object.",
-            request_id=request_id,
-            request_type=method,
-            details={"path": "params"},
-        )
-    try:
-        return decoder(request_id, Fields(params, "params"))
-    except FieldError as error:
-        raise ProtocolError(
-            error.code,
-            error.message,
-            request_id=request_id,
-            request_type=method,
-            details={"path": error.path},
-        ) from None
+    with refusing_bad_fields(request_id, method):
+        return decoder(request_id, body_of(params, "params", ErrorCode.INVALID_PARAMS))
 
 
 def _decode_initialize(request_id: RequestId, params: Fields) -> Message:
@@ -144,9 +124,7 @@ def _decode_initialize(request_id: RequestId, params: Fields) -> Message:
     version = params.get("protocolVersion")
     return Initialize(
         id=request_id,
-        agent=AgentInfo(
-            name=client.optional_text("name") or "", version=client.optional_text("version") or ""
-        ),
+        agent=agent_info_of(client),
         protocol_version=str(version)[:20] if version is not None else "1",
         features=Features(notifications=meta.boolean("abp/notifications", False), progress=True),
         resume=resume,
@@ -167,25 +145,11 @@ def _decode_call(request_id: RequestId, params: Fields) -> Message:
     )
 
 
-def _decode_cancel(request_id: RequestId, params: Fields) -> Message:
-    call_id = call_id_of(params, "callId")
-    if call_id is None:
-        raise FieldError(ErrorCode.MISSING_PARAM, "'params.callId' is required.", "params.callId")
-    return CancelRequest(id=request_id, call_id=call_id, reason=params.optional_text("reason"))
-
-
-def _decode_shutdown(request_id: RequestId, params: Fields) -> Message:
-    return Shutdown(id=request_id, reason=params.optional_text("reason"))
-
-
-def _decode_list(request_id: RequestId, params: Fields) -> Message:
-    return ListCapabilities(id=request_id)
-
-
-_DECODERS: dict[str, Callable[[RequestId, Fields], Message]] = {
+# Cancel, shutdown and list read as ABP's do; only their params' path differs.
+_DECODERS: dict[str, Decoder] = {
     "initialize": _decode_initialize,
-    "_abp/capabilities/list": _decode_list,
+    "_abp/capabilities/list": decode_list,
     "_abp/call": _decode_call,
-    "_abp/cancel": _decode_cancel,
-    SHUTDOWN: _decode_shutdown,
+    "_abp/cancel": decode_cancel,
+    SHUTDOWN: decode_shutdown,
 }

@@ -2,6 +2,8 @@
 
 `decode` never raises anything but `ProtocolError`, whatever the input: every
 rejection has a code, and carries the envelope's id and type when they could be read.
+The readers public here serve JSON-RPC's codec too: a field reads the same on both
+wires, under the name of the object it sits in (`payload.callId`, `params.callId`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from capabilities.protocol.errors import ErrorCode, ProtocolError
@@ -36,6 +40,9 @@ MAX_ID_LENGTH = 200
 # A session's calls in flight are bounded by its principal's (2,000 by default).
 MAX_AWAITING = 10_000
 
+Decoder = Callable[[RequestId, Fields], Message]
+"""Reads one request's payload (ABP) or params (JSON-RPC) into its message."""
+
 
 def now_ms() -> int:
     """Unix time in milliseconds, the envelope's `timestamp`."""
@@ -57,18 +64,47 @@ def encode(
 
 def decode(text: str | bytes) -> Message:
     """Parse one frame into a typed message, or raise ProtocolError with a code."""
-    try:
-        raw = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, TypeError, RecursionError) as exc:
-        # Only the class goes on the wire: JSON error texts may quote the input.
-        raise ProtocolError(ErrorCode.PARSE_ERROR, "Frame is not valid JSON.") from exc
+    raw = parse_frame(text)
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.PARSE_ERROR, "Frame must be a JSON object (an envelope).")
     return _decode_envelope(raw)
 
 
+def parse_frame(text: str | bytes) -> JSON:
+    """One frame's JSON value; NaN and Infinity are not JSON."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, TypeError, RecursionError) as exc:
+        # Only the class goes on the wire: JSON error texts may quote the input.
+        raise ProtocolError(ErrorCode.PARSE_ERROR, "Frame is not valid JSON.") from exc
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
+
+
+@contextmanager
+def refusing_bad_fields(request_id: RequestId, request_type: str) -> Iterator[None]:
+    """Turn a FieldError raised within into the ProtocolError refusing this request."""
+    try:
+        yield
+    except FieldError as error:
+        raise ProtocolError(
+            error.code,
+            error.message,
+            request_id=request_id,
+            request_type=request_type,
+            details={"path": error.path},
+        ) from None
+
+
+def body_of(value: JSON, path: str, code: ErrorCode) -> Fields:
+    """A request's payload or params: an object; absent or null reads as empty."""
+    if value is None:
+        return Fields({}, path)
+    if not isinstance(value, dict):
+        raise FieldError(code, f"'{path}' must be an object.", path)
+    return Fields(value, path)
 
 
 def _decode_envelope(raw: dict[str, JSON]) -> Message:
@@ -86,44 +122,21 @@ def _decode_envelope(raw: dict[str, JSON]) -> Message:
             "Envelope needs an 'id': a non-empty string (no NUL, no lone surrogate) or a number.",
             request_type=readable_type,
         )
-    timestamp = raw.get("timestamp")
-    if timestamp is not None and not _is_number(timestamp):
-        raise ProtocolError(
-            ErrorCode.INVALID_TYPE,
-            "'timestamp' must be a number (Unix ms).",
-            request_id=readable_id,
-            request_type=readable_type,
-            details={"path": "timestamp"},
-        )
-    payload = raw.get("payload", {})
-    if payload is None:
-        payload = {}
-    if not isinstance(payload, dict):
-        raise ProtocolError(
-            ErrorCode.INVALID_TYPE,
-            "'payload' must be an object.",
-            request_id=readable_id,
-            request_type=readable_type,
-            details={"path": "payload"},
-        )
-    decoder = _DECODERS.get(readable_type)
-    if decoder is None:
-        raise ProtocolError(
-            ErrorCode.UNKNOWN_MESSAGE_TYPE,
-            f"Unknown message type {readable_type[:80]!r}.",
-            request_id=readable_id,
-            request_type=readable_type,
-        )
-    try:
-        return decoder(readable_id, Fields(payload, "payload"))
-    except FieldError as error:
-        raise ProtocolError(
-            error.code,
-            error.message,
-            request_id=readable_id,
-            request_type=readable_type,
-            details={"path": error.path},
-        ) from None
+    with refusing_bad_fields(readable_id, readable_type):
+        timestamp = raw.get("timestamp")
+        if timestamp is not None and not _is_number(timestamp):
+            message = "'timestamp' must be a number (Unix ms)."
+            raise FieldError(ErrorCode.INVALID_TYPE, message, "timestamp")
+        payload = body_of(raw.get("payload"), "payload", ErrorCode.INVALID_TYPE)
+        decoder = _DECODERS.get(readable_type)
+        if decoder is None:
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_MESSAGE_TYPE,
+                f"Unknown message type {readable_type[:80]!r}.",
+                request_id=readable_id,
+                request_type=readable_type,
+            )
+        return decoder(readable_id, payload)
 
 
 def _readable_id(value: JSON) -> str | None:
@@ -177,7 +190,14 @@ def resume_request_of(fields: Fields) -> ResumeRequest:
     )
 
 
-def _decode_initialize(message_id: str, payload: Fields) -> Message:
+def agent_info_of(fields: Fields) -> AgentInfo:
+    """Who connects: `{name?, version?}`, ABP's `agent` or JSON-RPC's `clientInfo`."""
+    return AgentInfo(
+        name=fields.optional_text("name") or "", version=fields.optional_text("version") or ""
+    )
+
+
+def _decode_initialize(message_id: RequestId, payload: Fields) -> Message:
     agent = payload.object("agent")
     features = payload.object("features")
     resume = None
@@ -185,9 +205,7 @@ def _decode_initialize(message_id: str, payload: Fields) -> Message:
         resume = resume_request_of(payload.object("resume"))
     return Initialize(
         id=message_id,
-        agent=AgentInfo(
-            name=agent.optional_text("name") or "", version=agent.optional_text("version") or ""
-        ),
+        agent=agent_info_of(agent),
         protocol_version=payload.optional_text("protocolVersion") or "0.1",
         features=Features(
             notifications=features.boolean("notifications", False),
@@ -225,7 +243,7 @@ def progress_token_of(fields: Fields, key: str) -> str | int | None:
     return token
 
 
-def _decode_call(message_id: str, payload: Fields) -> Message:
+def _decode_call(message_id: RequestId, payload: Fields) -> Message:
     capability = payload.text("capability")
     params = payload.object("params").data
     options = payload.object("options")
@@ -246,30 +264,34 @@ def _decode_call(message_id: str, payload: Fields) -> Message:
     )
 
 
-def _decode_cancel(message_id: str, payload: Fields) -> Message:
-    call_id = call_id_of(payload, "callId")
+def decode_cancel(request_id: RequestId, fields: Fields) -> Message:
+    """`cancel: {callId, reason?}`, in either dialect."""
+    call_id = call_id_of(fields, "callId")
     if call_id is None:
-        raise FieldError(ErrorCode.MISSING_PARAM, "'payload.callId' is required.", "payload.callId")
-    return CancelRequest(id=message_id, call_id=call_id, reason=payload.optional_text("reason"))
+        where = fields.where("callId")
+        raise FieldError(ErrorCode.MISSING_PARAM, f"'{where}' is required.", where)
+    return CancelRequest(id=request_id, call_id=call_id, reason=fields.optional_text("reason"))
 
 
-def _decode_shutdown(message_id: str, payload: Fields) -> Message:
-    return Shutdown(id=message_id, reason=payload.optional_text("reason"))
+def decode_shutdown(request_id: RequestId, fields: Fields) -> Message:
+    """`shutdown: {reason?}` as a request, in either dialect."""
+    return Shutdown(id=request_id, reason=fields.optional_text("reason"))
 
 
-def _decode_elicitation(message_id: str, payload: Fields) -> Message:
+def decode_list(request_id: RequestId, fields: Fields) -> Message:
+    """`capabilities/list`, in either dialect: nothing to read."""
+    return ListCapabilities(id=request_id)
+
+
+def _decode_elicitation(message_id: RequestId, payload: Fields) -> Message:
     return ElicitationResponse(id=message_id, payload=payload.data)
 
 
-def _decode_list(message_id: str, payload: Fields) -> Message:
-    return ListCapabilities(id=message_id)
-
-
-_DECODERS = {
+_DECODERS: dict[str, Decoder] = {
     MessageType.INITIALIZE.value: _decode_initialize,
     MessageType.CALL.value: _decode_call,
-    MessageType.CANCEL.value: _decode_cancel,
-    MessageType.SHUTDOWN.value: _decode_shutdown,
+    MessageType.CANCEL.value: decode_cancel,
+    MessageType.SHUTDOWN.value: decode_shutdown,
     MessageType.ELICITATION_RESPONSE.value: _decode_elicitation,
-    MessageType.LIST.value: _decode_list,
+    MessageType.LIST.value: decode_list,
 }
