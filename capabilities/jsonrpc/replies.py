@@ -11,7 +11,7 @@ from typing import Any
 
 from capabilities.jsonrpc.error_codes import jsonrpc_error
 from capabilities.protocol import ErrorCode, RequestId, WireError
-from capabilities.protocol.replies import SessionOpened
+from capabilities.protocol.replies import ProgressReport, SessionOpened
 
 # ACP's protocol version this door speaks (its initialize, not ABP's).
 ACP_PROTOCOL_VERSION = 1
@@ -142,27 +142,9 @@ def notification(event: str, data: dict[str, Any]) -> str:
     return notify("_abp/" + event.removeprefix("notifications/"), data)
 
 
-def progress(
-    operation_id: str | int,
-    *,
-    call_id: str,
-    progress: float,
-    total: float | None,
-    stage: str,
-    position: int | None = None,
-) -> str:
+def progress(report: ProgressReport) -> str:
     """`_abp/progress` for the call's progressToken."""
-    params: dict[str, Any] = {
-        "progressToken": operation_id,
-        "callId": call_id,
-        "progress": progress,
-        "total": total,
-        "percentage": round(100.0 * progress / total, 1) if total else None,
-        "stage": stage,
-        "status": "queued" if stage == "queued" else "running",
-    }
-    if position is not None:
-        params["position"] = position
+    params = {"progressToken": report.operation_id, "callId": report.call_id, **report.to_json()}
     return notify("_abp/progress", params)
 
 

@@ -95,32 +95,50 @@ def notification(event: str, data: dict[str, Any]) -> str:
     return encode(MessageType.NOTIFICATION, {"event": event, "data": data})
 
 
-def progress(
-    operation_id: str | int,
-    *,
-    call_id: str,
-    progress: float,
-    total: float | None,
-    stage: str,
-    position: int | None = None,
-) -> str:
+@dataclass(frozen=True, kw_only=True)
+class ProgressReport:
+    """A call's progress, whichever dialect writes it."""
+
+    operation_id: str | int
+    """The call's progressToken."""
+    call_id: str
+    progress: float
+    total: float | None
+    stage: str
+    position: int | None = None
+    """While queued, when known: the call's place in its agent's line (1: next to start)."""
+
+    @property
+    def percentage(self) -> float | None:
+        """`progress` out of `total`, to a tenth; none without a total."""
+        return round(100.0 * self.progress / self.total, 1) if self.total else None
+
+    @property
+    def status(self) -> str:
+        """`queued` while the call waits for a worker, else `running`."""
+        return "queued" if self.stage == "queued" else "running"
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields every dialect sends after its own names for the call."""
+        fields: dict[str, Any] = {
+            "progress": self.progress,
+            "total": self.total,
+            "percentage": self.percentage,
+            "stage": self.stage,
+            "status": self.status,
+        }
+        if self.position is not None:
+            fields["position"] = self.position
+        return fields
+
+
+def progress(report: ProgressReport) -> str:
     """`progress` for a call that asked for it with a progressToken.
 
-    A call still waiting for a worker has `status: "queued"` and, when known, its
-    `position` in its agent's line (1: next to start). ABP names the call by its
-    progressToken alone (`call_id` is for dialects that also say it).
+    ABP names the call by its progressToken alone (`call_id` is for dialects that
+    also say it).
     """
-    percentage = round(100.0 * progress / total, 1) if total else None
-    payload: dict[str, Any] = {
-        "operationId": operation_id,
-        "progress": progress,
-        "total": total,
-        "percentage": percentage,
-        "stage": stage,
-        "status": "queued" if stage == "queued" else "running",
-    }
-    if position is not None:
-        payload["position"] = position
+    payload = {"operationId": report.operation_id, **report.to_json()}
     return encode(MessageType.PROGRESS, payload)
 
 

@@ -934,14 +934,15 @@ class Session:
         call = self._note_for(call_id)
         if call is None or call.progress_token is None:
             return []
-        reply = self._wire.progress(
-            call.progress_token,
+        report = replies.ProgressReport(
+            operation_id=call.progress_token,
             call_id=call_id,
             progress=progress,
             total=total,
             stage=stage,
             position=position,
         )
+        reply = self._wire.progress(report)
         return [Send(text=reply)]
 
     def job_settled(self, call_id: str, response: dict[str, Any] | None) -> list[Action]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from capabilities.protocol import RequestId, WireError
-from capabilities.protocol.replies import SessionOpened
+from capabilities.protocol.replies import ProgressReport, SessionOpened
 
 
 class Wire(Protocol):
@@ -50,16 +50,7 @@ class Wire(Protocol):
     def notification(self, event: str, data: dict[str, Any]) -> str:
         """An ABP notification event (`notifications/...`), in this dialect."""
 
-    def progress(
-        self,
-        operation_id: str | int,
-        *,
-        call_id: str,
-        progress: float,
-        total: float | None,
-        stage: str,
-        position: int | None = None,
-    ) -> str:
+    def progress(self, report: ProgressReport) -> str:
         """A call's progress, for its progressToken."""
 
     def error_for(

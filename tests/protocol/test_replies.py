@@ -149,7 +149,11 @@ def test_notifications_get_fresh_ids() -> None:
 )
 def test_progress_percentage(done: float, total: float, percentage: float) -> None:
     envelope = parse(
-        replies.progress("tok-1", call_id="c1", progress=done, total=total, stage="rendering")
+        replies.progress(
+            replies.ProgressReport(
+                operation_id="tok-1", call_id="c1", progress=done, total=total, stage="rendering"
+            )
+        )
     )
     assert envelope["type"] == "progress"
     assert is_fresh_id(envelope["id"])
@@ -165,16 +169,24 @@ def test_progress_percentage(done: float, total: float, percentage: float) -> No
 
 @pytest.mark.parametrize("total", [None, 0, 0.0])
 def test_progress_without_a_total_has_no_percentage(total: float | None) -> None:
-    payload = parse(replies.progress(7, call_id="c1", progress=3, total=total, stage="fetching"))[
-        "payload"
-    ]
+    payload = parse(
+        replies.progress(
+            replies.ProgressReport(
+                operation_id=7, call_id="c1", progress=3, total=total, stage="fetching"
+            )
+        )
+    )["payload"]
     assert payload["operationId"] == 7
     assert payload["total"] == total
     assert payload["percentage"] is None
 
 
 def test_progress_keeps_an_integer_token() -> None:
-    payload = parse(replies.progress(0, call_id="c1", progress=1, total=2, stage="s"))["payload"]
+    payload = parse(
+        replies.progress(
+            replies.ProgressReport(operation_id=0, call_id="c1", progress=1, total=2, stage="s")
+        )
+    )["payload"]
     assert payload["operationId"] == 0
     assert type(payload["operationId"]) is int
 
