@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from capabilities.access import permissions
 from capabilities.access.principal import Principal
@@ -28,6 +28,7 @@ from capabilities.jobs.hop_batches import HopBatch, run_each
 from capabilities.jobs.slot_counts import SlotTally
 from capabilities.models import Job
 from capabilities.protocol import WireError
+from capabilities.protocol.call_digest import call_digest
 from capabilities.work import registry
 
 Item = TypeVar("Item")
@@ -133,11 +134,31 @@ def _creator(tally: SlotTally | None) -> Callable[[NewJob], Job]:
         except lifecycle.CallIdInUse:
             raise  # the session holds the callId: writing again would find it again
         except Exception:  # refused, or Redis unreadable
-            if not _cancel_won(ticket):
-                raise
-            return _write(new, tally)
+            if _cancel_won(ticket):
+                return _write(new, tally)
+            in_use = _in_use(new)
+            if in_use is not None:
+                raise in_use from None
+            raise
 
     return create_one
+
+
+def _in_use(new: NewJob) -> lifecycle.CallIdInUse | None:
+    """A refused start's callId, if the session holds it already (docs/design.md, a call).
+
+    Whatever refused this copy (no worker, a budget, Redis unreadable), the row that
+    holds its callId is what the call is: the same call adopts it, another is refused
+    as a reused callId. Looked up only on a refusal, in a savepoint of its own so that a
+    batch's transaction stays sound; a lookup that fails leaves the refusal as it was.
+    """
+    job = new.job
+    digest = job.get("params_hash") or call_digest(job["capability"], job["params"])
+    try:
+        with transaction.atomic():
+            return lifecycle.call_in_use(job["session_id"], job["call_id"], digest)
+    except DatabaseError:
+        return None
 
 
 def _write(new: NewJob, tally: SlotTally | None) -> Job:

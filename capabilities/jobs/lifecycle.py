@@ -380,6 +380,27 @@ def release_delivery(job_id: uuid.UUID | str, generation: int = 0) -> bool:
     return True
 
 
+def claim_again(job_id: uuid.UUID | str, generation: int) -> bool:
+    """Take over a result an older generation claimed, for `generation` to send again.
+
+    Only for a call its agent says it still awaits (a resume's `awaiting`, a re-sent
+    copy): its result went to a socket that died unread. True if this took it over.
+    """
+    return bool(
+        Job.objects.filter(
+            pk=job_id, delivered_at__isnull=False, delivered_generation__lt=generation
+        ).update(delivered_generation=generation)
+    )
+
+
 def find_call(session_id: uuid.UUID | str, call_id: str) -> Job | None:
     """A session's job by callId; never another session's."""
     return Job.objects.filter(session_id=uuid.UUID(str(session_id)), call_id=call_id).first()
+
+
+def call_in_use(session_id: uuid.UUID | str, call_id: str, params_hash: str) -> CallIdInUse | None:
+    """What inserting this call would raise, if the session holds its callId already."""
+    found = find_call(session_id, call_id)
+    if found is None:
+        return None
+    return CallIdInUse(call_id, existing=found if found.params_hash == params_hash else None)

@@ -138,6 +138,9 @@ class StartCall:
     timeout_ms: int | None
     progress_token: str | int | None
     notify_started: bool
+    resent: bool = False
+    """Marked re-sent by the agent: it awaits this call, whose result may have gone to a
+    socket that died unread (then found answered, it is claimed and sent again)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -511,6 +511,7 @@ class Session:
             timeout_ms=message.options.timeout_ms,
             progress_token=message.options.progress_token,
             notify_started=self.notifications,
+            resent=resent,
         )
         self.calls.add(
             Call(
@@ -554,17 +555,28 @@ class Session:
         """The start wrote the call's row: the call is in flight until answered."""
         return self._start_reported(call.call_id, Event.WRITTEN, record=call)
 
-    def call_adopted(self, action: StartCall, call: CallRecord) -> list[Action]:
+    def call_adopted(
+        self, action: StartCall, call: CallRecord, again: dict[str, Any] | None = None
+    ) -> list[Action]:
         """The start found this very call's row (the same callId and call), written by
         another copy of its frame: a re-sent call is that one, never run twice; one not
-        marked re-sent reuses a callId (docs/protocol.md)."""
+        marked re-sent reuses a callId (docs/protocol.md).
+
+        `again`: its result, answered on an older connection's socket and now claimed
+        for this one (the copy was re-sent: the agent awaits it), to send once more, as
+        a resume sends the calls its agent awaits.
+        """
         held = self.calls.get(action.call_id)
         if held is not None and not held.resent and held.phase in STARTS:
             if held.won_by is not None:  # it cancels the call that holds the callId
                 self._hold_first(held.won_by)
                 held.won_by = None
             return self._start_reported(action.call_id, Event.REFUSED, error=_used(held))
-        return self._start_reported(action.call_id, Event.ADOPTED, record=call)
+        actions = self._start_reported(action.call_id, Event.ADOPTED, record=call)
+        if again is not None and held is not None and call.delivered:
+            request_id = self._wire.load_id(call.request_id)
+            actions.append(Send(text=self._wire.call_result(request_id, again, own=False)))
+        return actions
 
     def call_refused(self, action: StartCall, error: WireError) -> list[Action]:
         """The call service would not start the call."""

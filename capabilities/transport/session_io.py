@@ -166,13 +166,33 @@ class SessionIO:
         try:
             job = await start.start(self.principal, call)
         except start.CallIdHeld as held:
-            return functools.partial(self.session.call_adopted, action, record_of(held.job))
+            again = await self._claimed_again(action, held.job) if action.resent else None
+            return functools.partial(self.session.call_adopted, action, record_of(held.job), again)
         except start.CallRefused as refused:
             return functools.partial(self.session.call_refused, action, refused.error)
         except Exception:
             logger.exception("Could not start call %s", action.call_id)
             return functools.partial(self.session.call_refused, action, start.NOT_QUEUED)
         return functools.partial(self.session.call_started, record_of(job))
+
+    async def _claimed_again(self, action: StartCall, job: Job) -> dict[str, Any] | None:
+        """A re-sent call's result, if an older connection had claimed it: claimed for
+        this one now, to send again. None if unanswered, or answered on this one."""
+        generation = self.session.generation
+        if job.delivered_at is None or (job.delivered_generation or 0) >= generation:
+            return None
+
+        def claim() -> dict[str, Any] | None:
+            if not lifecycle.claim_again(job.pk, generation):
+                return None
+            return results.call_response(job, base_url=self.base_url)
+
+        try:
+            again: dict[str, Any] | None = await database_sync_to_async(claim)()
+            return again
+        except outages.DATABASE_AWAY:
+            logger.warning("Could not claim call %s's result again", action.call_id)
+            return None
 
     async def settle_here(
         self, job: Job, outcome: lifecycle.Outcome, response: dict[str, Any]

@@ -17,6 +17,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import redis
 from asgiref.sync import sync_to_async
 from django.db import connections
 
@@ -25,6 +26,7 @@ from capabilities.calls import availability, job_writes, start, start_retries
 from capabilities.calls.start_ticket import StartTicket
 from capabilities.jobs.lifecycle import CallIdInUse
 from capabilities.models import AgentSession, Job, JobStatus
+from capabilities.protocol import WireError
 from capabilities.protocol.call_digest import call_digest
 from tests.support import new_jobs
 
@@ -234,3 +236,42 @@ def test_the_first_attempt_finding_its_call_held_is_not_taken_as_its_own(
 def test_the_in_use_error_keeps_its_old_constructor() -> None:
     in_use: Any = CallIdInUse("c-1")
     assert (in_use.call_id, in_use.existing, str(in_use)) == ("c-1", None, "c-1")
+
+
+NO_WORKER = WireError(code="CAPABILITY_UNAVAILABLE", message="No live worker.", retryable=True)
+
+
+def redis_unreadable(capability: str) -> None:
+    raise redis.exceptions.ConnectionError("Connection closed by server.")
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        pytest.param(redis_unreadable, id="redis-unreadable"),
+        pytest.param(lambda capability: NO_WORKER, id="no-live-worker"),
+    ],
+)
+def test_a_refused_copy_of_a_held_call_is_that_call(
+    who: Principal, session_id: str, monkeypatch: pytest.MonkeyPatch, refusal: Any
+) -> None:
+    # A copy re-sent after a resume while Redis was down: the row its callId holds (here
+    # written cancelled, as a cancel that won the lost connection's start writes it)
+    # is the call's answer, not the refusal of the copy.
+    ticket = StartTicket()
+    assert ticket.cancel("no longer needed")
+    [first] = started(who, request(session_id, "c-1", ticket=ticket))
+    assert isinstance(first, Job)
+    monkeypatch.setattr(availability, "unavailable", refusal)
+    again, other, fresh = started(
+        who,
+        request(session_id, "c-1"),
+        request(session_id, "c-1", markdown="# other"),
+        request(session_id, "c-2"),
+    )
+    assert isinstance(again, start.CallIdHeld)
+    assert again.job.pk == first.pk
+    assert type(other) is start.CallIdTaken
+    # A callId the session does not hold is refused as before.
+    assert type(fresh) is start.CallRefused
+    assert rows(session_id) == [("c-1", JobStatus.CANCELLED)]

@@ -1404,6 +1404,25 @@ def test_a_resent_call_whose_first_copy_wrote_its_row_is_adopted() -> None:
     assert session.in_flight("c2") is None
 
 
+def test_a_resent_call_answered_on_an_older_connection_is_sent_again() -> None:
+    # Its result went to the socket that died (written after the resume read the
+    # session's calls): claimed for this connection, it is sent once more.
+    session = open_session()
+    [action] = session.receive(call("c1", message_id="req-2", resent=True))
+    assert isinstance(action, StartCall)
+    assert action.resent
+    answered = record("c1", request_id="req-0", delivered=True, status="cancelled")
+    response = {"success": False, "cancelled": True}
+    reply = sent(session.call_adopted(action, answered, again=response))
+    assert reply["id"] == "req-0"  # answered as its first copy asked
+    assert reply["payload"]["cancelled"] is True
+    assert session.in_flight("c1") is None
+    # Its copy not marked re-sent is never sent anything again (that is a reused callId).
+    [action] = session.receive(call("c2", message_id="req-3"))
+    assert isinstance(action, StartCall)
+    assert not action.resent
+
+
 def test_a_call_not_marked_resent_whose_call_id_holds_the_same_call_is_refused() -> None:
     session = open_session()
     [action] = session.receive(call("c1", message_id="req-3"))

@@ -330,3 +330,27 @@ def test_a_shutdown_answers_calls_another_connection_of_the_session_created(
     assert result["payload"]["cancelled"] is True
     job = Job.objects.get(session_id=session_id, call_id="elsewhere")
     assert job.cancel_source == CancelSource.SHUTDOWN
+
+
+def test_a_resent_call_whose_result_went_to_the_dropped_socket_is_sent_again(
+    stack: Stack,
+) -> None:
+    # Its row was answered on the old connection (here read, as if it died unread, or
+    # written after the resume read the session's calls): the copy the agent re-sends
+    # is that call, claimed for the new connection and answered once more.
+    first, session_id, token = dropped(stack)
+    asked = first.call("test.sleep", {"steps": 0, "echo": "once"}, call_id="gone")
+    assert first.result_of(asked)["payload"]["success"] is True
+    first.close()
+    wait_detached(session_id)
+    with Agent(stack.ws_url) as second:
+        second.resume(session_id, token)
+        second.call("test.sleep", {"steps": 0, "echo": "once"}, call_id="gone", resent=True)
+        again = second.result_of(asked)["payload"]  # answered as its first copy asked
+        assert again["success"] is True
+        assert len(call_results(second, "gone")) == 1
+        # Claimed for this generation now: a copy re-sent again is answered once only.
+        second.call("test.sleep", {"steps": 0, "echo": "once"}, call_id="gone", resent=True)
+        assert len(call_results(second, "gone")) == 1
+    job = Job.objects.get(session_id=session_id, call_id="gone")
+    assert job.delivered_generation == AgentSession.objects.get(pk=session_id).generation
