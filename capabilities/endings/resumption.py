@@ -24,7 +24,7 @@ from django.utils import timezone
 from capabilities.access.principal import Principal
 from capabilities.conf import abp_settings
 from capabilities.endings import cancellation
-from capabilities.jobs import notes
+from capabilities.jobs import lifecycle, notes
 from capabilities.models import (
     SETTLED_STATUSES,
     AgentSession,
@@ -185,10 +185,10 @@ def _claim_again(session: AgentSession, call_ids: tuple[str, ...], generation: i
     claims now `generation`'s, oldest first."""
     if not call_ids:
         return []
-    answered = Job.objects.filter(session=session, call_id__in=call_ids, delivered_at__isnull=False)
-    answered.update(delivered_generation=generation)
-    # The generation is new: only the update above wrote it, so these are its rows.
-    return list(answered.filter(delivered_generation=generation).order_by("created_at"))
+    asked = Job.objects.filter(session=session, call_id__in=call_ids)
+    lifecycle.claim_again(asked, generation)
+    # The generation is new: only the claim above wrote it, so these are its rows.
+    return list(asked.filter(delivered_generation=generation).order_by("created_at"))
 
 
 def detach(session_id: str, generation: int) -> None:

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from capabilities.conf import abp_settings
@@ -183,8 +184,8 @@ def _same_call(job: Job) -> Job | None:
     """
     if connection.in_atomic_block:
         return None
-    found = find_call(job.session_id, job.call_id)
-    return found if found is not None and found.params_hash == job.params_hash else None
+    in_use = call_in_use(job.session_id, job.call_id, job.params_hash)
+    return in_use.existing if in_use is not None else None
 
 
 def _log_created(job: Job) -> None:
@@ -380,16 +381,15 @@ def release_delivery(job_id: uuid.UUID | str, generation: int = 0) -> bool:
     return True
 
 
-def claim_again(job_id: uuid.UUID | str, generation: int) -> bool:
-    """Take over a result an older generation claimed, for `generation` to send again.
+def claim_again(jobs: QuerySet[Job], generation: int) -> int:
+    """Take over the results among `jobs` an older generation claimed, for `generation`
+    to send again; how many it took over.
 
-    Only for a call its agent says it still awaits (a resume's `awaiting`, a re-sent
-    copy): its result went to a socket that died unread. True if this took it over.
+    Only for calls their agent says it still awaits (a resume's `awaiting`, a re-sent
+    copy): their results went to a socket that died unread.
     """
-    return bool(
-        Job.objects.filter(
-            pk=job_id, delivered_at__isnull=False, delivered_generation__lt=generation
-        ).update(delivered_generation=generation)
+    return jobs.filter(delivered_at__isnull=False, delivered_generation__lt=generation).update(
+        delivered_generation=generation
     )
 
 

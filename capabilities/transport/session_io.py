@@ -183,7 +183,7 @@ class SessionIO:
             return None
 
         def claim() -> dict[str, Any] | None:
-            if not lifecycle.claim_again(job.pk, generation):
+            if not lifecycle.claim_again(Job.objects.filter(pk=job.pk), generation):
                 return None
             return results.call_response(job, base_url=self.base_url)
 
